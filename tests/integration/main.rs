@@ -1,0 +1,6 @@
+//! Sluice's integration tests. Each module talks to the real Kafka broker or
+//! Cassandra node (see `sluice_tests` for where they are) and creates its own
+//! uniquely named topics and keyspaces, so tests run in parallel and can be rerun.
+
+mod cassandra_smoke;
+mod kafka_smoke;

@@ -1,0 +1,146 @@
+//! One Apache Cassandra 5.0 node bound to loopback.
+
+use std::fs;
+use std::process::Command;
+
+use anyhow::Result;
+
+use crate::devenv::Service;
+
+/// The CQL native transport port.
+pub const PORT: u16 = 9042;
+/// The inter-node storage port; a single node still binds it.
+pub const STORAGE_PORT: u16 = 7000;
+
+/// Java 17 module options that Cassandra 5.0 needs, as its `jvm17-server.options` lists them.
+const JAVA17_OPTIONS: &[&str] = &[
+    "--add-exports=java.base/jdk.internal.misc=ALL-UNNAMED",
+    "--add-exports=java.management.rmi/com.sun.jmx.remote.internal.rmi=ALL-UNNAMED",
+    "--add-exports=java.rmi/sun.rmi.registry=ALL-UNNAMED",
+    "--add-exports=java.rmi/sun.rmi.server=ALL-UNNAMED",
+    "--add-exports=java.sql/java.sql=ALL-UNNAMED",
+    "--add-exports=java.base/java.lang.ref=ALL-UNNAMED",
+    "--add-exports=jdk.unsupported/sun.misc=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang.module=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.loader=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.ref=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.reflect=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.math=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.module=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.util.jar=ALL-UNNAMED",
+    "--add-opens=jdk.management/com.sun.management.internal=ALL-UNNAMED",
+    "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens=java.base/java.io=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang.reflect=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang=ALL-UNNAMED",
+    "--add-opens=java.base/java.util=ALL-UNNAMED",
+    "--add-opens=java.base/java.nio=ALL-UNNAMED",
+    "-Djdk.attach.allowAttachSelf=true",
+    "-Dio.netty.tryReflectionSetAccessible=true",
+];
+
+/// Writes `cassandra.yaml` and `logback.xml`.
+pub fn prepare(service: &Service) -> Result<()> {
+    let conf = service.dir.join("conf");
+    fs::create_dir_all(&conf)?;
+    fs::create_dir_all(service.dir.join("data"))?;
+    fs::write(conf.join("cassandra.yaml"), cassandra_yaml(service))?;
+    fs::write(conf.join("logback.xml"), logback_xml(service))?;
+    Ok(())
+}
+
+/// The command that runs the node in the foreground.
+pub fn command(service: &Service) -> Command {
+    let conf = service.dir.join("conf");
+    let mut java = Command::new("java");
+    java.args([
+        "-Xms1g",
+        "-Xmx1g",
+        "-Xss256k",
+        "-XX:+UseG1GC",
+        "-XX:+ExitOnOutOfMemoryError",
+    ])
+    .args(JAVA17_OPTIONS)
+    .arg(format!(
+        "-Dcassandra.config=file://{}",
+        conf.join("cassandra.yaml").display()
+    ))
+    .arg(format!(
+        "-Dcassandra.storagedir={}",
+        service.dir.join("data").display()
+    ))
+    .arg(format!(
+        "-Dcassandra.logdir={}",
+        service.dir.join("logs").display()
+    ))
+    .arg(format!(
+        "-Dlogback.configurationFile={}",
+        conf.join("logback.xml").display()
+    ))
+    // Without it Cassandra closes stdout and stderr, and a failed start says nothing.
+    .arg("-Dcassandra-foreground=yes")
+    // A single node has no gossip to wait for.
+    .arg("-Dcassandra.skip_wait_for_gossip_to_settle=0")
+    .arg("-Dcassandra.ring_delay_ms=1000")
+    .arg("-Dcassandra.libjemalloc=-")
+    .arg(service.marker())
+    .arg("-cp")
+    .arg(format!(
+        "{}:{}/*",
+        conf.display(),
+        service.dir.join("lib").display()
+    ))
+    .arg("org.apache.cassandra.service.CassandraDaemon");
+    java
+}
+
+fn cassandra_yaml(service: &Service) -> String {
+    let data = service.dir.join("data");
+    let dir = |name: &str| data.join(name).display().to_string();
+    format!(
+        "\
+# Written by `cargo xtask up`; edits are overwritten on the next start.
+cluster_name: sluice-dev
+num_tokens: 1
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+endpoint_snitch: SimpleSnitch
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters:
+      - seeds: \"127.0.0.1:{STORAGE_PORT}\"
+listen_address: 127.0.0.1
+rpc_address: 127.0.0.1
+storage_port: {STORAGE_PORT}
+start_native_transport: true
+native_transport_port: {PORT}
+commitlog_sync: periodic
+commitlog_sync_period: 10000ms
+data_file_directories:
+  - {data_files}
+commitlog_directory: {commitlog}
+saved_caches_directory: {saved_caches}
+hints_directory: {hints}
+cdc_raw_directory: {cdc_raw}
+# Tests create and drop many keyspaces; snapshots of them only fill the disk.
+auto_snapshot: false
+",
+        data_files = dir("data"),
+        commitlog = dir("commitlog"),
+        saved_caches = dir("saved_caches"),
+        hints = dir("hints"),
+        cdc_raw = dir("cdc_raw"),
+    )
+}
+
+fn logback_xml(service: &Service) -> String {
+    format!(
+        "<configuration scan=\"false\">\n\
+         \x20 <appender name=\"FILE\" class=\"ch.qos.logback.core.FileAppender\">\n\
+         \x20   <file>{}</file>\n\
+         \x20   <encoder><pattern>%-5level [%thread] %date{{ISO8601}} %F:%L - %msg%n</pattern></encoder>\n\
+         \x20 </appender>\n\
+         \x20 <root level=\"INFO\"><appender-ref ref=\"FILE\"/></root>\n\
+         </configuration>\n",
+        service.dir.join("logs").join("system.log").display()
+    )
+}

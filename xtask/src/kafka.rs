@@ -1,0 +1,188 @@
+//! One Apache Kafka 4 node in KRaft mode, broker and controller at once, bound to
+//! loopback.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::devenv::Service;
+use crate::process::tail;
+
+/// The broker's client port.
+pub const PORT: u16 = 9092;
+/// The controller's port; only the broker itself talks to it.
+pub const CONTROLLER_PORT: u16 = 9093;
+
+/// Writes the broker's configuration and formats its storage on first start.
+pub fn prepare(service: &Service) -> Result<()> {
+    let config = service.dir.join("config");
+    fs::create_dir_all(&config)?;
+    let data = service.dir.join("data");
+    let logs = service.dir.join("logs");
+    fs::write(config.join("server.properties"), server_properties(&data))?;
+    fs::write(
+        config.join("log4j2.xml"),
+        log4j2_config(Some(&logs.join("server.log"))),
+    )?;
+    fs::write(config.join("tools-log4j2.xml"), log4j2_config(None))?;
+
+    if data.join("meta.properties").exists() {
+        return Ok(());
+    }
+    // KRaft needs its storage formatted with a cluster id before the first start.
+    let format_log = logs.join("format.log");
+    let output = Command::new("java")
+        .arg(format!(
+            "-Dlog4j2.configurationFile={}",
+            config.join("tools-log4j2.xml").display()
+        ))
+        .arg("-cp")
+        .arg(classpath(service))
+        .args(["kafka.tools.StorageTool", "format", "--standalone", "-t"])
+        .arg(random_cluster_id()?)
+        .arg("-c")
+        .arg(config.join("server.properties"))
+        .output()
+        .context("running Kafka's storage tool")?;
+    let mut text = output.stdout;
+    text.extend_from_slice(&output.stderr);
+    fs::write(&format_log, text)?;
+    if !output.status.success() {
+        bail!(
+            "formatting Kafka's storage in {} failed; the last lines of {}:\n{}",
+            data.display(),
+            format_log.display(),
+            tail(&format_log, 30)
+        );
+    }
+    Ok(())
+}
+
+/// The command that runs the broker in the foreground.
+pub fn command(service: &Service) -> Command {
+    let config = service.dir.join("config");
+    let mut java = Command::new("java");
+    java.args([
+        "-Xms256m",
+        "-Xmx1g",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-XX:+ExitOnOutOfMemoryError",
+    ])
+    .arg("-Djava.awt.headless=true")
+    .arg(format!(
+        "-Dlog4j2.configurationFile={}",
+        config.join("log4j2.xml").display()
+    ))
+    .arg(format!(
+        "-Dkafka.logs.dir={}",
+        service.dir.join("logs").display()
+    ))
+    .arg(service.marker())
+    .arg("-cp")
+    .arg(classpath(service))
+    .arg("kafka.Kafka")
+    .arg(config.join("server.properties"));
+    java
+}
+
+fn classpath(service: &Service) -> String {
+    format!("{}/*", service.dir.join("lib").display())
+}
+
+fn server_properties(data: &Path) -> String {
+    format!(
+        "\
+# Written by `cargo xtask up`; edits are overwritten on the next start.
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:{CONTROLLER_PORT}
+listeners=PLAINTEXT://127.0.0.1:{PORT},CONTROLLER://127.0.0.1:{CONTROLLER_PORT}
+advertised.listeners=PLAINTEXT://127.0.0.1:{PORT},CONTROLLER://127.0.0.1:{CONTROLLER_PORT}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={data}
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+# One node: waiting for more consumers to join only slows every group test.
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+delete.topic.enable=true
+# Tests purge data with retention and record deletion; keep the checks frequent.
+log.retention.check.interval.ms=5000
+",
+        data = data.display()
+    )
+}
+
+/// log4j2 configuration: INFO to `file` for the broker, WARN to stderr for tools.
+fn log4j2_config(file: Option<&Path>) -> String {
+    let (appender, level) = match file {
+        Some(path) => (
+            format!(
+                "<File name=\"out\" fileName=\"{}\"><PatternLayout pattern=\"[%d] %p %m (%c)%n\"/></File>",
+                path.display()
+            ),
+            "INFO",
+        ),
+        None => (
+            "<Console name=\"out\" target=\"SYSTEM_ERR\"><PatternLayout pattern=\"%p %m%n\"/></Console>"
+                .to_owned(),
+            "WARN",
+        ),
+    };
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+         <Configuration status=\"WARN\">\n  <Appenders>{appender}</Appenders>\n  \
+         <Loggers><Root level=\"{level}\"><AppenderRef ref=\"out\"/></Root></Loggers>\n\
+         </Configuration>\n"
+    )
+}
+
+/// A Kafka cluster id: 16 random bytes in unpadded URL-safe base64.
+fn random_cluster_id() -> Result<String> {
+    use std::io::Read;
+    let mut bytes = [0_u8; 16];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom")?;
+    Ok(base64_url(&bytes))
+}
+
+fn base64_url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0_u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base64_url;
+
+    #[test]
+    fn encodes_unpadded_url_safe_base64() {
+        assert_eq!(base64_url(b"Man"), "TWFu");
+        assert_eq!(base64_url(b"Ma"), "TWE");
+        assert_eq!(base64_url(&[0xfb, 0xff]), "-_8");
+        assert_eq!(base64_url(&[0_u8; 16]).len(), 22);
+    }
+}

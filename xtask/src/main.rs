@@ -1,0 +1,120 @@
+//! `cargo xtask`: Sluice's developer tasks.
+//!
+//! - `up`, `down`, `status`: the dev environment, a real Kafka broker and a real
+//!   Cassandra node on loopback (see `devenv`).
+//! - `test [ARGS]`: `up`, `cargo test --workspace ARGS`, then stop what `up` started.
+//! - `ci`: the same, with `cargo fmt --check` and clippy before the tests.
+
+mod cassandra;
+mod devenv;
+mod kafka;
+mod probe;
+mod process;
+#[cfg(test)]
+mod tidy;
+mod tools;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "\
+Usage: cargo xtask <task>
+
+Tasks:
+  up            start Kafka (127.0.0.1:9092) and Cassandra (127.0.0.1:9042), wait until both answer
+  down          stop the servers that `up` started
+  status        show which servers run, their memory, and whether they answer
+  test [ARGS]   up, cargo test --workspace [ARGS], then stop what up started
+  ci            up, cargo fmt --check, cargo clippy -D warnings, cargo test, then stop what up started
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<()> {
+    let root = workspace_root();
+    let (task, rest) = match args.split_first() {
+        Some((task, rest)) => (task.as_str(), rest),
+        None => {
+            print!("{USAGE}");
+            return Ok(());
+        }
+    };
+    match task {
+        "up" => devenv::up(&root).map(|_| ()),
+        "down" => devenv::down(&root, devenv::ALL),
+        "status" => devenv::status(&root),
+        "test" => with_dev_env(&root, || cargo_test(&root, rest)),
+        "ci" => with_dev_env(&root, || {
+            cargo(&root, &["fmt", "--all", "--check"])?;
+            cargo(
+                &root,
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+            )?;
+            cargo_test(&root, rest)
+        }),
+        "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown task `{other}`\n\n{USAGE}"),
+    }
+}
+
+/// Runs `body` with the dev environment up, then stops the servers that this call
+/// started, whether `body` succeeded or not. Servers that were already running
+/// are left running.
+fn with_dev_env(root: &Path, body: impl FnOnce() -> Result<()>) -> Result<()> {
+    let started = devenv::up(root)?;
+    let result = body();
+    let stopped = devenv::down(root, &started);
+    match (result, stopped) {
+        (Err(e), Err(down)) => Err(e.context(format!("and stopping the servers failed: {down:#}"))),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(())) => Ok(()),
+    }
+}
+
+fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {
+    let mut args = vec!["test", "--workspace"];
+    args.extend(extra.iter().map(String::as_str));
+    cargo(root, &args)
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    println!("$ cargo {}", args.join(" "));
+    let status = Command::new(cargo)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}

@@ -1,0 +1,198 @@
+//! Tidy checks that keep the workspace's layering true. They run as ordinary
+//! tests with `cargo test --workspace`, so a change that breaks a rule of
+//! `docs/architecture.md` fails CI instead of slowly eroding it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use toml::Table;
+
+fn root() -> PathBuf {
+    crate::workspace_root()
+}
+
+/// Every member of the workspace: its folder and its parsed manifest.
+fn members() -> Vec<(PathBuf, Table)> {
+    let manifest: Table = read_toml(&root().join("Cargo.toml"));
+    let members = manifest["workspace"]["members"]
+        .as_array()
+        .expect("workspace.members is a list");
+    members
+        .iter()
+        .map(|m| {
+            let dir = root().join(m.as_str().expect("member paths are strings"));
+            let table = read_toml(&dir.join("Cargo.toml"));
+            (dir, table)
+        })
+        .collect()
+}
+
+fn read_toml(path: &Path) -> Table {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.parse()
+        .unwrap_or_else(|e| panic!("{} is not valid TOML: {e}", path.display()))
+}
+
+fn package_name(manifest: &Table) -> &str {
+    manifest["package"]["name"].as_str().expect("package.name")
+}
+
+/// The names in `[dependencies]` (not dev- or build-dependencies).
+fn dependencies(manifest: &Table) -> Vec<String> {
+    manifest
+        .get("dependencies")
+        .and_then(|d| d.as_table())
+        .map(|d| d.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn manifest_of(name: &str) -> Table {
+    members()
+        .into_iter()
+        .find(|(_, m)| package_name(m) == name)
+        .unwrap_or_else(|| panic!("no workspace member is named {name}"))
+        .1
+}
+
+#[test]
+fn offsets_depends_on_no_io_runtime_or_client() {
+    let forbidden = [
+        "tokio",
+        "rdkafka",
+        "scylla",
+        "futures",
+        "async-std",
+        "reqwest",
+        "anyhow",
+    ];
+    for dep in dependencies(&manifest_of("sluice-offsets")) {
+        assert!(
+            !forbidden.contains(&dep.as_str()) && !dep.starts_with("sluice-"),
+            "sluice-offsets is the pure model and must not depend on {dep}"
+        );
+    }
+}
+
+#[test]
+fn offsets_source_does_no_io() {
+    let src = root().join("crates/offsets/src");
+    for file in rust_files(&src) {
+        let text = fs::read_to_string(&file).expect("readable source");
+        for needle in [
+            "std::fs",
+            "std::net",
+            "std::process",
+            "tokio::",
+            "std::thread::sleep",
+        ] {
+            assert!(
+                !text.contains(needle),
+                "{} uses {needle}, but sluice-offsets does no I/O",
+                file.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn executor_knows_only_the_traits() {
+    let concrete = [
+        "sluice-kafka-source",
+        "sluice-checkpoint-fs",
+        "sluice-cassandra-store",
+        "sluice-runner",
+        "rdkafka",
+        "scylla",
+    ];
+    for dep in dependencies(&manifest_of("sluice-executor")) {
+        assert!(
+            !concrete.contains(&dep.as_str()),
+            "sluice-executor must work through the traits of sluice-offsets, not depend on {dep}"
+        );
+    }
+}
+
+#[test]
+fn implementations_depend_only_on_the_model_among_our_crates() {
+    for name in [
+        "sluice-kafka-source",
+        "sluice-checkpoint-fs",
+        "sluice-cassandra-store",
+    ] {
+        for dep in dependencies(&manifest_of(name)) {
+            assert!(
+                !dep.starts_with("sluice-") || dep == "sluice-offsets",
+                "{name} may depend on sluice-offsets only among our crates, not on {dep}"
+            );
+        }
+    }
+}
+
+#[test]
+fn library_crates_use_typed_errors_not_anyhow() {
+    for (dir, manifest) in members() {
+        let name = package_name(&manifest);
+        if !dir.starts_with(root().join("crates")) || name == "sluice-runner" {
+            continue;
+        }
+        assert!(
+            !dependencies(&manifest).iter().any(|d| d == "anyhow"),
+            "{name} is a library crate: its errors are thiserror types, anyhow is for the binary"
+        );
+    }
+}
+
+#[test]
+fn dependency_versions_are_pinned_once_in_the_workspace() {
+    for (_, manifest) in members() {
+        let name = package_name(&manifest);
+        for section in ["dependencies", "dev-dependencies", "build-dependencies"] {
+            let Some(deps) = manifest.get(section).and_then(|d| d.as_table()) else {
+                continue;
+            };
+            for (dep, spec) in deps {
+                let inherited = spec
+                    .as_table()
+                    .and_then(|t| t.get("workspace"))
+                    .and_then(|w| w.as_bool())
+                    == Some(true);
+                assert!(
+                    inherited,
+                    "{name} names {dep} in [{section}] without `workspace = true`; \
+                     pin its version in the root [workspace.dependencies]"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_crate_says_its_job_in_a_doc_comment() {
+    for (dir, manifest) in members() {
+        let name = package_name(&manifest);
+        let entry = ["src/lib.rs", "src/main.rs"]
+            .iter()
+            .map(|f| dir.join(f))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{name} has neither src/lib.rs nor src/main.rs"));
+        let text = fs::read_to_string(&entry).expect("readable source");
+        assert!(
+            text.trim_start().starts_with("//!"),
+            "{} must open with a //! comment that says what {name} is for",
+            entry.display()
+        );
+    }
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
