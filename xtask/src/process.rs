@@ -98,15 +98,53 @@ fn signal(pid: u32, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The last `lines` lines of a log file, for error messages.
+/// The last `lines` lines of a log file, for error messages. Java stack frames
+/// are left out: the exception and its causes say what went wrong, and the frames
+/// would push them out of the window.
 pub fn tail(path: &Path, lines: usize) -> String {
     match fs::read(path) {
         Ok(bytes) => {
             let text = String::from_utf8_lossy(&bytes);
-            let all: Vec<&str> = text.lines().collect();
+            let all: Vec<&str> = text.lines().filter(|line| !is_stack_frame(line)).collect();
             let start = all.len().saturating_sub(lines);
-            all[start..].join("\n")
+            all[start..]
+                .iter()
+                .map(|line| shorten(line))
+                .collect::<Vec<_>>()
+                .join("\n")
         }
         Err(e) => format!("({} could not be read: {e})", path.display()),
+    }
+}
+
+/// Cuts a line to at most 300 characters: Cassandra logs its whole
+/// configuration on one line, which would bury the error.
+fn shorten(line: &str) -> String {
+    const MAX: usize = 300;
+    match line.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{} [...]", &line[..cut]),
+        None => line.to_owned(),
+    }
+}
+
+fn is_stack_frame(line: &str) -> bool {
+    let trimmed = line.trim_start();
+    line.len() != trimmed.len() && (trimmed.starts_with("at ") || trimmed.starts_with("... "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_stack_frame;
+
+    #[test]
+    fn recognises_java_stack_frames_but_not_messages() {
+        assert!(is_stack_frame(
+            "\tat org.apache.cassandra.Foo.bar(Foo.java:1)"
+        ));
+        assert!(is_stack_frame("\t... 13 more"));
+        assert!(!is_stack_frame(
+            "Caused by: java.io.IOException: at the end"
+        ));
+        assert!(!is_stack_frame("at least one broker"));
     }
 }
