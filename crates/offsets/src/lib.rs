@@ -1,7 +1,41 @@
 //! The pure model of Sluice: topic-partitions, offsets, offset ranges, batch plans,
 //! starting-offset and reset policies, data-loss classification and Spark-compatible
-//! offset JSON, plus the traits that the offset stores, sources and sinks implement.
+//! offset JSON, plus the traits that the offset stores implement.
 //!
 //! This crate does no I/O and depends on no async runtime, so that every decision
 //! about what a batch reads and how a restart recovers is a plain function that can
 //! be tested exhaustively.
+//!
+//! An [`Offset`] always means "the next offset to read", as in Kafka and Spark.
+//!
+//! ```
+//! use sluice_offsets::{Offset, PartitionOffsets, TopicPartition, offsets_to_json};
+//!
+//! let mut offsets = PartitionOffsets::new();
+//! offsets.insert(TopicPartition::new("events", 1), Offset::new(5).unwrap());
+//! offsets.insert(TopicPartition::new("events", 0), Offset::new(23).unwrap());
+//! assert_eq!(offsets_to_json(&offsets), r#"{"events":{"0":23,"1":5}}"#);
+//! ```
+
+mod batch;
+mod data_loss;
+mod json;
+mod partition;
+mod rate_limit;
+mod recovery;
+mod starting;
+mod store;
+
+pub use batch::{BatchCommit, BatchId, BatchMetadata, BatchPlan, PlanError};
+pub use data_loss::{DataLoss, Watermarks, classify_batch, classify_data_loss};
+pub use json::{
+    OffsetJsonError, offsets_from_json, offsets_to_json, values_from_json, values_to_json,
+};
+pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
+pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
+pub use recovery::{Inconsistency, Log, Recovery, decide_recovery, purge_threshold};
+pub use starting::{
+    MissingCommitted, SpecificOffset, StartingOffsets, StartingOffsetsError, StartingOptions,
+    TimestampFallback, parse_starting_offsets,
+};
+pub use store::{OffsetStore, StoredBatches};

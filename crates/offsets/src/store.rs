@@ -1,0 +1,61 @@
+//! The trait offset stores implement, and what they hand back on start.
+
+use std::future::Future;
+
+use crate::recovery::{Inconsistency, Recovery, decide_recovery};
+use crate::{BatchCommit, BatchId, BatchPlan};
+
+/// What an offset store holds, as far as a restart needs it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredBatches {
+    /// Ids of every plan still stored, ascending.
+    pub planned: Vec<BatchId>,
+    /// Ids of every commit still stored, ascending.
+    pub committed: Vec<BatchId>,
+    /// The newest plan, in full.
+    pub latest_plan: Option<BatchPlan>,
+    /// The newest commit, in full.
+    pub latest_commit: Option<BatchCommit>,
+}
+
+impl StoredBatches {
+    /// How the query resumes from these batches.
+    pub fn recovery(&self) -> Result<Recovery, Inconsistency> {
+        decide_recovery(&self.planned, &self.committed)
+    }
+}
+
+/// Durable storage for batch plans and commits: Spark's checkpoint layout on a
+/// filesystem, or Cassandra tables.
+///
+/// Contract for implementations:
+/// - `write_plan` and `write_commit` return only once the entry is durable, and
+///   never replace an entry that already exists for the same batch: they fail
+///   instead, and leave it as it was.
+/// - `load` reports damaged entries as errors that name them; it never repairs,
+///   rewrites or deletes anything.
+/// - A store holds an exclusive claim on its query while it is open, so that a
+///   second runner fails instead of writing beside the first.
+pub trait OffsetStore: Send {
+    /// What can go wrong, with the location (file, table) it concerns.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Reads the ids of all stored plans and commits, and the newest of each.
+    fn load(&mut self) -> impl Future<Output = Result<StoredBatches, Self::Error>> + Send;
+
+    /// Durably records the plan of a batch before anything of it is read.
+    fn write_plan(
+        &mut self,
+        plan: &BatchPlan,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Durably records that a batch reached the sink.
+    fn write_commit(
+        &mut self,
+        commit: &BatchCommit,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Removes plans and commits of batches before `keep_from`.
+    fn purge(&mut self, keep_from: BatchId)
+    -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
