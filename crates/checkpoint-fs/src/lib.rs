@@ -1,3 +1,404 @@
 //! The filesystem offset store of Sluice: an offsets log, a commit log and the
 //! query metadata in a checkpoint directory laid out as Spark Structured Streaming
 //! lays it out, written durably and atomically.
+//!
+//! ```text
+//! <checkpoint>/
+//!   metadata          {"id":"<query id>"}
+//!   offsets/<batch>   v1 / metadata JSON / Kafka offset JSON (the plan, written first)
+//!   commits/<batch>   v1 / {"nextBatchWatermarkMs":0}       (written after the sink)
+//!   sources/0/0       0x00 v1 / initial Kafka offsets
+//!   sluice.lock       held with flock while a runner has the checkpoint open
+//! ```
+//!
+//! A checkpoint Spark's Kafka source wrote can be opened here, and Spark can read
+//! the offsets and commits Sluice writes. See `docs/checkpoint-format.md`.
+
+mod atomic;
+mod error;
+pub mod format;
+mod lock;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use sluice_offsets::{
+    BatchCommit, BatchId, BatchPlan, Log, Offset, OffsetStore, PartitionOffsets, StoredBatches,
+};
+
+pub use atomic::TEMP_SUFFIX;
+pub use error::CheckpointError;
+pub use lock::LOCK_FILE;
+
+/// An open checkpoint directory, held exclusively until dropped.
+#[derive(Debug)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    id: String,
+    // Held for its flock: dropping it releases the checkpoint.
+    _lock: File,
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint in `dir`, creating it when it does not exist, and takes
+    /// its lock. Leftover temporary files of interrupted writes are removed; nothing
+    /// else is changed. Blocking: call it before starting async work, or from a
+    /// blocking task.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Checkpoint, CheckpointError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(CheckpointError::io("creating", &dir))?;
+        let lock = lock::acquire(&dir)?;
+
+        let metadata = dir.join("metadata");
+        let id = match fs::read(&metadata) {
+            Ok(bytes) => {
+                let text = String::from_utf8(bytes).map_err(|e| CheckpointError::Damaged {
+                    path: metadata.clone(),
+                    problem: format!("not UTF-8 text: {e}"),
+                })?;
+                format::parse_metadata(&text).map_err(|problem| CheckpointError::Damaged {
+                    path: metadata.clone(),
+                    problem,
+                })?
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let id = uuid::Uuid::new_v4().to_string();
+                atomic::create_file(&metadata, format::write_metadata(&id).as_bytes())?;
+                id
+            }
+            Err(e) => return Err(CheckpointError::io("reading", &metadata)(e)),
+        };
+
+        let checkpoint = Checkpoint {
+            dir,
+            id,
+            _lock: lock,
+        };
+        for sub in [
+            checkpoint.offsets_dir(),
+            checkpoint.commits_dir(),
+            checkpoint.sources_dir(),
+        ] {
+            fs::create_dir_all(&sub).map_err(CheckpointError::io("creating", &sub))?;
+        }
+        for sub in [
+            checkpoint.dir.clone(),
+            checkpoint.offsets_dir(),
+            checkpoint.commits_dir(),
+            checkpoint.sources_dir(),
+        ] {
+            remove_temp_files(&sub)?;
+        }
+        Ok(checkpoint)
+    }
+
+    /// The query id from the `metadata` file.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The plan file of a batch: `offsets/<batch>`.
+    pub fn plan_path(&self, batch: BatchId) -> PathBuf {
+        self.offsets_dir().join(batch.to_string())
+    }
+
+    /// The commit file of a batch: `commits/<batch>`.
+    pub fn commit_path(&self, batch: BatchId) -> PathBuf {
+        self.commits_dir().join(batch.to_string())
+    }
+
+    fn offsets_dir(&self) -> PathBuf {
+        self.dir.join("offsets")
+    }
+
+    fn commits_dir(&self) -> PathBuf {
+        self.dir.join("commits")
+    }
+
+    fn sources_dir(&self) -> PathBuf {
+        self.dir.join("sources").join("0")
+    }
+
+    fn initial_offsets_path(&self) -> PathBuf {
+        self.sources_dir().join("0")
+    }
+
+    /// A handle for blocking work on another thread: paths only, no lock.
+    fn paths(&self) -> Paths {
+        Paths {
+            offsets: self.offsets_dir(),
+            commits: self.commits_dir(),
+            initial: self.initial_offsets_path(),
+        }
+    }
+}
+
+/// The paths blocking tasks work on.
+struct Paths {
+    offsets: PathBuf,
+    commits: PathBuf,
+    initial: PathBuf,
+}
+
+impl Paths {
+    fn load(&self) -> Result<StoredBatches, CheckpointError> {
+        let planned = list_batches(&self.offsets)?;
+        let committed = list_batches(&self.commits)?;
+        let initial_offsets = self.read_initial_offsets()?;
+        let latest_plan = match planned.last() {
+            Some(&batch) => Some(self.read_plan(batch, initial_offsets.as_ref())?),
+            None => None,
+        };
+        let latest_commit = match committed.last() {
+            Some(&batch) => Some(self.read_commit(batch)?),
+            None => None,
+        };
+        Ok(StoredBatches {
+            planned,
+            committed,
+            latest_plan,
+            latest_commit,
+            initial_offsets,
+        })
+    }
+
+    fn read_initial_offsets(&self) -> Result<Option<PartitionOffsets>, CheckpointError> {
+        let Some(bytes) = read_if_exists(&self.initial)? else {
+            return Ok(None);
+        };
+        format::parse_initial_offsets(&bytes)
+            .map(Some)
+            .map_err(|problem| damaged(&self.initial, problem))
+    }
+
+    fn read_offsets_file(
+        &self,
+        batch: BatchId,
+    ) -> Result<Option<format::OffsetsFile>, CheckpointError> {
+        let path = self.offsets.join(batch.to_string());
+        let Some(bytes) = read_if_exists(&path)? else {
+            return Ok(None);
+        };
+        let text = utf8(&path, bytes)?;
+        format::parse_offsets(&text)
+            .map(Some)
+            .map_err(|problem| damaged(&path, problem))
+    }
+
+    fn read_plan(
+        &self,
+        batch: BatchId,
+        initial: Option<&PartitionOffsets>,
+    ) -> Result<BatchPlan, CheckpointError> {
+        let path = self.offsets.join(batch.to_string());
+        let file = self
+            .read_offsets_file(batch)?
+            .ok_or_else(|| damaged(&path, "the file disappeared while reading".to_owned()))?;
+        let start = match file.start {
+            Some(start) => start,
+            // Spark records only end offsets: the start is the previous batch's end,
+            // or the initial offsets for batch 0.
+            None => {
+                let (previous_path, previous_end) = match batch.previous() {
+                    None => (self.initial.clone(), initial.cloned()),
+                    Some(previous) => (
+                        self.offsets.join(previous.to_string()),
+                        self.read_offsets_file(previous)?.map(|f| f.end),
+                    ),
+                };
+                let previous_end = previous_end.ok_or_else(|| CheckpointError::UnknownStart {
+                    batch: batch.0,
+                    plan: path.clone(),
+                    previous: previous_path,
+                })?;
+                // Partitions the previous batch did not know started at their
+                // beginning, as Spark starts new partitions.
+                file.end
+                    .keys()
+                    .map(|tp| {
+                        let from = previous_end
+                            .get(tp)
+                            .or_else(|| initial.and_then(|i| i.get(tp)))
+                            .copied()
+                            .unwrap_or(Offset::ZERO);
+                        (tp.clone(), from)
+                    })
+                    .collect()
+            }
+        };
+        BatchPlan::from_offsets(batch, &start, &file.end, file.metadata)
+            .map_err(|source| CheckpointError::InvalidPlan { path, source })
+    }
+
+    fn read_commit(&self, batch: BatchId) -> Result<BatchCommit, CheckpointError> {
+        let path = self.commits.join(batch.to_string());
+        let bytes = read_if_exists(&path)?
+            .ok_or_else(|| damaged(&path, "the file disappeared while reading".to_owned()))?;
+        let text = utf8(&path, bytes)?;
+        let next_watermark_ms =
+            format::parse_commit(&text).map_err(|problem| damaged(&path, problem))?;
+        Ok(BatchCommit {
+            id: batch,
+            next_watermark_ms,
+        })
+    }
+
+    fn write_plan(&self, plan: &BatchPlan) -> Result<(), CheckpointError> {
+        let start = plan.start_offsets();
+        if plan.id() == BatchId::FIRST && !exists(&self.initial)? {
+            atomic::create_file(&self.initial, &format::write_initial_offsets(&start))?;
+        }
+        let text = format::write_offsets(plan.metadata(), &start, &plan.end_offsets());
+        atomic::create_file(&self.offsets.join(plan.id().to_string()), text.as_bytes())
+    }
+
+    fn write_commit(&self, commit: &BatchCommit) -> Result<(), CheckpointError> {
+        let path = self.commits.join(commit.id.to_string());
+        let plan = self.offsets.join(commit.id.to_string());
+        if !exists(&plan)? {
+            return Err(CheckpointError::CommitWithoutPlan { commit: path, plan });
+        }
+        atomic::create_file(
+            &path,
+            format::write_commit(commit.next_watermark_ms).as_bytes(),
+        )
+    }
+
+    fn purge(&self, keep_from: BatchId) -> Result<(), CheckpointError> {
+        for dir in [&self.offsets, &self.commits] {
+            let mut removed = false;
+            for batch in list_batches(dir)?
+                .into_iter()
+                .take_while(|b| *b < keep_from)
+            {
+                let path = dir.join(batch.to_string());
+                fs::remove_file(&path).map_err(CheckpointError::io("removing", &path))?;
+                // Spark's Hadoop filesystem leaves a checksum beside each file.
+                let _ = fs::remove_file(dir.join(format!(".{batch}.crc")));
+                removed = true;
+            }
+            if removed {
+                atomic::sync_dir(dir)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl OffsetStore for Checkpoint {
+    type Error = CheckpointError;
+
+    async fn load(&mut self) -> Result<StoredBatches, CheckpointError> {
+        let paths = self.paths();
+        blocking(move || paths.load()).await
+    }
+
+    async fn write_plan(&mut self, plan: &BatchPlan) -> Result<(), CheckpointError> {
+        let paths = self.paths();
+        let plan = plan.clone();
+        blocking(move || paths.write_plan(&plan)).await
+    }
+
+    async fn write_commit(&mut self, commit: &BatchCommit) -> Result<(), CheckpointError> {
+        let paths = self.paths();
+        let commit = commit.clone();
+        blocking(move || paths.write_commit(&commit)).await
+    }
+
+    async fn purge(&mut self, keep_from: BatchId) -> Result<(), CheckpointError> {
+        let paths = self.paths();
+        blocking(move || paths.purge(keep_from)).await
+    }
+
+    fn describe(&self, log: Log, batch: BatchId) -> String {
+        let path = match log {
+            Log::Plans => self.plan_path(batch),
+            Log::Commits => self.commit_path(batch),
+        };
+        path.display().to_string()
+    }
+}
+
+/// Runs filesystem work (reads, fsyncs) on tokio's blocking pool, off the async
+/// worker threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, CheckpointError> + Send + 'static,
+) -> Result<T, CheckpointError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| CheckpointError::Task(e.to_string()))?
+}
+
+/// The batch ids of the files in a log directory, ascending. Hidden files (Spark's
+/// `.crc` checksums, temporary files) are not batches; other names are ignored
+/// with a warning, as Spark ignores them.
+fn list_batches(dir: &Path) -> Result<Vec<BatchId>, CheckpointError> {
+    let entries = fs::read_dir(dir).map_err(CheckpointError::io("listing", dir))?;
+    let mut batches = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(CheckpointError::io("listing", dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        match name.parse::<u64>() {
+            Ok(id) if id.to_string() == name => {
+                batches.insert(id, ());
+            }
+            _ => tracing::warn!(
+                path = %entry.path().display(),
+                "ignoring a file that is not named by a batch id"
+            ),
+        }
+    }
+    Ok(batches.into_keys().map(BatchId).collect())
+}
+
+fn remove_temp_files(dir: &Path) -> Result<(), CheckpointError> {
+    let entries = fs::read_dir(dir).map_err(CheckpointError::io("listing", dir))?;
+    let mut removed = false;
+    for entry in entries {
+        let entry = entry.map_err(CheckpointError::io("listing", dir))?;
+        if atomic::is_temp_name(&entry.file_name().to_string_lossy()) {
+            let path = entry.path();
+            tracing::info!(path = %path.display(), "removing a temporary file left by an interrupted write");
+            fs::remove_file(&path).map_err(CheckpointError::io("removing", &path))?;
+            removed = true;
+        }
+    }
+    if removed {
+        atomic::sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>, CheckpointError> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CheckpointError::io("reading", path)(e)),
+    }
+}
+
+fn exists(path: &Path) -> Result<bool, CheckpointError> {
+    path.try_exists()
+        .map_err(CheckpointError::io("checking", path))
+}
+
+fn utf8(path: &Path, bytes: Vec<u8>) -> Result<String, CheckpointError> {
+    String::from_utf8(bytes).map_err(|e| damaged(path, format!("not UTF-8 text: {e}")))
+}
+
+fn damaged(path: &Path, problem: String) -> CheckpointError {
+    CheckpointError::Damaged {
+        path: path.to_owned(),
+        problem,
+    }
+}

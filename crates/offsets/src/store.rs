@@ -2,8 +2,8 @@
 
 use std::future::Future;
 
-use crate::recovery::{Inconsistency, Recovery, decide_recovery};
-use crate::{BatchCommit, BatchId, BatchPlan};
+use crate::recovery::{Inconsistency, Log, Recovery, decide_recovery};
+use crate::{BatchCommit, BatchId, BatchPlan, PartitionOffsets};
 
 /// What an offset store holds, as far as a restart needs it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -16,6 +16,10 @@ pub struct StoredBatches {
     pub latest_plan: Option<BatchPlan>,
     /// The newest commit, in full.
     pub latest_commit: Option<BatchCommit>,
+    /// Where batch 0 starts, when that was recorded apart from its plan (Spark's
+    /// `sources/0/0`). A fresh query that finds these starts from them, not from
+    /// its starting options, so that a crash before the first plan changes nothing.
+    pub initial_offsets: Option<PartitionOffsets>,
 }
 
 impl StoredBatches {
@@ -58,4 +62,8 @@ pub trait OffsetStore: Send {
     /// Removes plans and commits of batches before `keep_from`.
     fn purge(&mut self, keep_from: BatchId)
     -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Where an entry lives (a file path, a table and key), so that an error such as
+    /// an [`Inconsistency`] can name what a person should look at.
+    fn describe(&self, log: Log, batch: BatchId) -> String;
 }
