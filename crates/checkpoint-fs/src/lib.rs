@@ -271,9 +271,11 @@ impl Paths {
         )
     }
 
+    /// Removes old batch files. The directories are not fsynced afterwards: a
+    /// removal lost in a crash only brings back an old, contiguous batch file,
+    /// which recovery accepts and the next purge removes again.
     fn purge(&self, keep_from: BatchId) -> Result<(), CheckpointError> {
         for dir in [&self.offsets, &self.commits] {
-            let mut removed = false;
             for batch in list_batches(dir)?
                 .into_iter()
                 .take_while(|b| *b < keep_from)
@@ -282,10 +284,6 @@ impl Paths {
                 fs::remove_file(&path).map_err(CheckpointError::io("removing", &path))?;
                 // Spark's Hadoop filesystem leaves a checksum beside each file.
                 let _ = fs::remove_file(dir.join(format!(".{batch}.crc")));
-                removed = true;
-            }
-            if removed {
-                atomic::sync_dir(dir)?;
             }
         }
         Ok(())
