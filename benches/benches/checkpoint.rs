@@ -13,7 +13,7 @@ use sluice_offsets::{
 };
 
 const PARTITIONS: usize = 8;
-const RETAIN: u64 = 100;
+const RETAIN: u64 = sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN;
 
 fn plan_and_commit(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use sluice_checkpoint_fs::{Checkpoint, CheckpointError};
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, Offset, OffsetStore, PartitionOffsets,
-    Recovery, TopicPartition, purge_threshold,
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, DEFAULT_MIN_BATCHES_TO_RETAIN, Log, Offset,
+    OffsetStore, PartitionOffsets, Recovery, TopicPartition, purge_threshold,
 };
 
 fn offsets(entries: &[(&str, i32, i64)]) -> PartitionOffsets {
@@ -139,7 +139,7 @@ async fn a_second_runner_is_refused_with_the_holder_named() {
 async fn retention_keeps_the_newest_batches_and_bounds_the_directory() {
     let dir = tempfile::tempdir().unwrap();
     let mut checkpoint = Checkpoint::open(dir.path()).unwrap();
-    let retain = 100;
+    let retain = DEFAULT_MIN_BATCHES_TO_RETAIN;
     for batch in 0..250 {
         checkpoint.write_plan(&nth_plan(batch)).await.unwrap();
         checkpoint.write_commit(&commit(batch)).await.unwrap();

@@ -33,7 +33,9 @@ pub use json::{
 };
 pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
 pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
-pub use recovery::{Inconsistency, Log, Recovery, decide_recovery, purge_threshold};
+pub use recovery::{
+    DEFAULT_MIN_BATCHES_TO_RETAIN, Inconsistency, Log, Recovery, decide_recovery, purge_threshold,
+};
 pub use starting::{
     MissingCommitted, SpecificOffset, StartingOffsets, StartingOffsetsError, StartingOptions,
     TimestampFallback, parse_starting_offsets,

@@ -145,6 +145,9 @@ fn find_gap(log: Log, ids: &[BatchId]) -> Result<(), Inconsistency> {
     Ok(())
 }
 
+/// How many batches a store keeps by default, as Spark's `minBatchesToRetain`.
+pub const DEFAULT_MIN_BATCHES_TO_RETAIN: u64 = 100;
+
 /// The oldest batch to keep when `min_batches_to_retain` batches are kept after
 /// `latest` is committed, or `None` when nothing is old enough to purge.
 pub fn purge_threshold(latest: BatchId, min_batches_to_retain: u64) -> Option<BatchId> {
