@@ -4,3 +4,4 @@
 
 mod cassandra_smoke;
 mod kafka_smoke;
+mod spark_checkpoint;

@@ -3,7 +3,10 @@
 //! - `up`, `down`, `status`: the dev environment, a real Kafka broker and a real
 //!   Cassandra node on loopback (see `devenv`).
 //! - `test [ARGS]`: `up`, `cargo test --workspace ARGS`, then stop what `up` started.
-//! - `ci`: the same, with `cargo fmt --check` and clippy before the tests.
+//! - `ci`: the same, with `cargo fmt --check` and clippy before the tests and
+//!   `spark-compat` after them.
+//! - `spark-compat`: fetch Spark's jars and run the tests in which Spark's own
+//!   checkpoint classes read and write checkpoints beside Sluice.
 
 mod cassandra;
 mod devenv;
@@ -27,7 +30,10 @@ Tasks:
   down          stop the servers that `up` started
   status        show which servers run, their memory, and whether they answer
   test [ARGS]   up, cargo test --workspace [ARGS], then stop what up started
-  ci            up, cargo fmt --check, cargo clippy -D warnings, cargo test, then stop what up started
+  ci            up, cargo fmt --check, cargo clippy -D warnings, cargo test, spark-compat,
+                then stop what up started
+  spark-compat  fetch Spark's jars (about 220 MB, once) and check that Spark and Sluice read each
+                other's checkpoints
 ";
 
 fn main() -> ExitCode {
@@ -68,8 +74,10 @@ fn run(args: &[String]) -> Result<()> {
                     "warnings",
                 ],
             )?;
-            cargo_test(&root, rest)
+            cargo_test(&root, rest)?;
+            spark_compat(&root)
         }),
+        "spark-compat" => spark_compat(&root),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())
@@ -90,6 +98,43 @@ fn with_dev_env(root: &Path, body: impl FnOnce() -> Result<()>) -> Result<()> {
         (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
         (Ok(()), Ok(())) => Ok(()),
     }
+}
+
+/// Runs the ignored tests of `tests/integration/spark_checkpoint.rs` with Spark's
+/// jars on the classpath. They need no server, only Java and Maven.
+fn spark_compat(root: &Path) -> Result<()> {
+    tools::check()?;
+    let dir = root.join("target").join("spark-compat");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let lib = dir.join("lib");
+    println!("fetching Spark's jars into {}", lib.display());
+    tools::fetch_jars(
+        &root.join("xtask").join("spark-compat").join("pom.xml"),
+        &lib,
+        &dir.join("maven.log"),
+    )?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let args = [
+        "test",
+        "-p",
+        "sluice-tests",
+        "--test",
+        "integration",
+        "spark_checkpoint",
+        "--",
+        "--ignored",
+    ];
+    println!("$ cargo {}", args.join(" "));
+    let status = Command::new(cargo)
+        .args(args)
+        .current_dir(root)
+        .env("SLUICE_SPARK_CLASSPATH", format!("{}/*", lib.display()))
+        .status()
+        .context("running cargo test")?;
+    if !status.success() {
+        bail!("the Spark compatibility tests failed ({status})");
+    }
+    Ok(())
 }
 
 fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {

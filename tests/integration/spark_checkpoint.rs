@@ -1,0 +1,203 @@
+//! Spark and Sluice read each other's checkpoints. Spark's own checkpoint classes
+//! (`StreamMetadata`, `OffsetSeqLog`, `CommitLog`, from spark-sql) write and read
+//! the files, driven by `xtask/spark-compat/SparkCheckpoint.java`.
+//!
+//! These tests need Spark's jars, which `cargo xtask spark-compat` fetches with
+//! Maven (about 220 MB) before it runs them; they are ignored otherwise.
+
+use std::path::Path;
+use std::process::Command;
+
+use sluice_checkpoint_fs::Checkpoint;
+use sluice_offsets::{
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, Offset, OffsetStore, PartitionOffsets,
+    Recovery, TopicPartition,
+};
+
+/// The classpath of Spark's jars, set by `cargo xtask spark-compat`.
+const CLASSPATH_VAR: &str = "SLUICE_SPARK_CLASSPATH";
+
+/// The options Spark's launcher gives a Java 17 JVM.
+const JAVA17_OPTIONS: &[&str] = &[
+    "-XX:+IgnoreUnrecognizedVMOptions",
+    "--add-opens=java.base/java.lang=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang.invoke=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang.reflect=ALL-UNNAMED",
+    "--add-opens=java.base/java.io=ALL-UNNAMED",
+    "--add-opens=java.base/java.net=ALL-UNNAMED",
+    "--add-opens=java.base/java.nio=ALL-UNNAMED",
+    "--add-opens=java.base/java.util=ALL-UNNAMED",
+    "--add-opens=java.base/java.util.concurrent=ALL-UNNAMED",
+    "--add-opens=java.base/java.util.concurrent.atomic=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.ref=ALL-UNNAMED",
+    "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens=java.base/sun.nio.cs=ALL-UNNAMED",
+    "--add-opens=java.base/sun.security.action=ALL-UNNAMED",
+    "--add-opens=java.base/sun.util.calendar=ALL-UNNAMED",
+    "-Djdk.reflect.useDirectMethodHandle=false",
+];
+
+/// Runs SparkCheckpoint.java with `args` and returns its `SPARK ...` lines.
+fn spark(args: &[&str]) -> Vec<String> {
+    let classpath = std::env::var(CLASSPATH_VAR)
+        .unwrap_or_else(|_| panic!("{CLASSPATH_VAR} is not set: run `cargo xtask spark-compat`"));
+    let program =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtask/spark-compat/SparkCheckpoint.java");
+    let output = Command::new("java")
+        .args(JAVA17_OPTIONS)
+        .arg("-cp")
+        .arg(classpath)
+        .arg(program)
+        .args(args)
+        .output()
+        .expect("running java");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "Spark failed on {args:?}: {}\n{}",
+        stdout,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("SPARK "))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn offsets(topic: &str, entries: &[(i32, i64)]) -> PartitionOffsets {
+    entries
+        .iter()
+        .map(|(p, o)| (TopicPartition::new(topic, *p), Offset::new(*o).unwrap()))
+        .collect()
+}
+
+/// Plan b as the Java side writes it: partitions 0..2 of `events` end at 100*(b+1).
+fn spark_style_end(batch: i64) -> PartitionOffsets {
+    let end = 100 * (batch + 1);
+    offsets("events", &[(0, end), (1, end), (2, end)])
+}
+
+#[tokio::test]
+#[ignore = "needs Spark's jars: run `cargo xtask spark-compat`"]
+async fn sluice_reads_and_continues_a_checkpoint_that_spark_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("query");
+    let root_str = root.to_str().unwrap();
+    // Spark: three plans, the first two committed.
+    spark(&["write", root_str, "3", "2", "events"]);
+
+    let mut checkpoint = Checkpoint::open(&root).unwrap();
+    assert_eq!(checkpoint.id(), "0b5e3d4c-spark-written");
+    let stored = checkpoint.load().await.unwrap();
+    assert_eq!(stored.planned, vec![BatchId(0), BatchId(1), BatchId(2)]);
+    assert_eq!(stored.committed, vec![BatchId(0), BatchId(1)]);
+    assert_eq!(
+        stored.recovery(),
+        Ok(Recovery::Replay { batch: BatchId(2) })
+    );
+    let replay = stored.latest_plan.unwrap();
+    assert_eq!(replay.start_offsets(), spark_style_end(1));
+    assert_eq!(replay.end_offsets(), spark_style_end(2));
+    assert_eq!(replay.metadata().watermark_ms, 2);
+    assert_eq!(replay.metadata().timestamp_ms, 1_700_000_000_002);
+    assert_eq!(
+        replay.metadata().conf["spark.sql.shuffle.partitions"],
+        "200"
+    );
+    assert_eq!(stored.latest_commit.unwrap().next_watermark_ms, 1);
+
+    // Sluice finishes batch 2 and runs batch 3 in Spark's checkpoint.
+    checkpoint
+        .write_commit(&BatchCommit {
+            id: BatchId(2),
+            next_watermark_ms: 2,
+        })
+        .await
+        .unwrap();
+    let next = BatchPlan::from_offsets(
+        BatchId(3),
+        &replay.end_offsets(),
+        &offsets("events", &[(0, 350), (1, 300), (2, 420)]),
+        replay.metadata().clone(),
+    )
+    .unwrap();
+    checkpoint.write_plan(&next).await.unwrap();
+    checkpoint
+        .write_commit(&BatchCommit {
+            id: BatchId(3),
+            next_watermark_ms: 2,
+        })
+        .await
+        .unwrap();
+    drop(checkpoint);
+
+    // Spark reads all of it, Sluice's entries included.
+    let lines = spark(&["read", root_str]);
+    assert!(
+        lines.contains(&"SPARK id=0b5e3d4c-spark-written".to_owned()),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.contains(
+            &"SPARK offsets batch=3 watermark=2 timestamp=1700000000002 shuffle=200 \
+              source={\"events\":{\"0\":350,\"1\":300,\"2\":420}}"
+                .to_owned()
+        ),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.contains(&"SPARK commit batch=2 nextBatchWatermarkMs=2".to_owned()),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.contains(&"SPARK commit batch=3 nextBatchWatermarkMs=2".to_owned()),
+        "{lines:#?}"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs Spark's jars: run `cargo xtask spark-compat`"]
+async fn spark_reads_a_checkpoint_that_sluice_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("query");
+    let id = {
+        let mut checkpoint = Checkpoint::open(&root).unwrap();
+        let mut start = offsets("orders", &[(0, 0), (1, 5), (10, 7)]);
+        for batch in 0..3_u64 {
+            let end: PartitionOffsets = start
+                .iter()
+                .map(|(tp, o)| (tp.clone(), o.saturating_add(10 * (batch + 1))))
+                .collect();
+            let metadata = BatchMetadata {
+                watermark_ms: batch as i64,
+                timestamp_ms: 1_800_000_000_000 + batch as i64,
+                conf: [("spark.sql.shuffle.partitions".to_owned(), "8".to_owned())].into(),
+            };
+            let plan = BatchPlan::from_offsets(BatchId(batch), &start, &end, metadata).unwrap();
+            checkpoint.write_plan(&plan).await.unwrap();
+            if batch < 2 {
+                checkpoint
+                    .write_commit(&BatchCommit {
+                        id: BatchId(batch),
+                        next_watermark_ms: batch as i64,
+                    })
+                    .await
+                    .unwrap();
+            }
+            start = end;
+        }
+        checkpoint.id().to_owned()
+    };
+
+    let lines = spark(&["read", root.to_str().unwrap()]);
+    let expected = vec![
+        format!("SPARK id={id}"),
+        "SPARK offsets batch=0 watermark=0 timestamp=1800000000000 shuffle=8 source={\"orders\":{\"0\":10,\"1\":15,\"10\":17}}".to_owned(),
+        "SPARK offsets batch=1 watermark=1 timestamp=1800000000001 shuffle=8 source={\"orders\":{\"0\":30,\"1\":35,\"10\":37}}".to_owned(),
+        "SPARK offsets batch=2 watermark=2 timestamp=1800000000002 shuffle=8 source={\"orders\":{\"0\":60,\"1\":65,\"10\":67}}".to_owned(),
+        "SPARK commit batch=0 nextBatchWatermarkMs=0".to_owned(),
+        "SPARK commit batch=1 nextBatchWatermarkMs=1".to_owned(),
+    ];
+    assert_eq!(lines, expected);
+}
