@@ -1,5 +1,6 @@
 //! Spark and Sluice read each other's checkpoints. Spark's own checkpoint classes
-//! (`StreamMetadata`, `OffsetSeqLog`, `CommitLog`, from spark-sql) write and read
+//! (`StreamMetadata`, `OffsetSeqLog`, `CommitLog` from spark-sql, and the Kafka
+//! source's `KafkaSourceInitialOffsetWriter` and `KafkaSourceOffset`) write and read
 //! the files, driven by `xtask/spark-compat/SparkCheckpoint.java`.
 //!
 //! These tests need Spark's jars, which `cargo xtask spark-compat` fetches with
@@ -106,6 +107,10 @@ async fn sluice_reads_and_continues_a_checkpoint_that_spark_wrote() {
         "200"
     );
     assert_eq!(stored.latest_commit.unwrap().next_watermark_ms, 1);
+    assert_eq!(
+        stored.initial_offsets,
+        Some(offsets("events", &[(0, 0), (1, 0), (2, 0)]))
+    );
 
     // Sluice finishes batch 2 and runs batch 3 in Spark's checkpoint.
     checkpoint
@@ -141,7 +146,7 @@ async fn sluice_reads_and_continues_a_checkpoint_that_spark_wrote() {
     assert!(
         lines.contains(
             &"SPARK offsets batch=3 watermark=2 timestamp=1700000000002 shuffle=200 \
-              source={\"events\":{\"0\":350,\"1\":300,\"2\":420}}"
+              events-0=350 events-1=300 events-2=420"
                 .to_owned()
         ),
         "{lines:#?}"
@@ -193,9 +198,10 @@ async fn spark_reads_a_checkpoint_that_sluice_wrote() {
     let lines = spark(&["read", root.to_str().unwrap()]);
     let expected = vec![
         format!("SPARK id={id}"),
-        "SPARK offsets batch=0 watermark=0 timestamp=1800000000000 shuffle=8 source={\"orders\":{\"0\":10,\"1\":15,\"10\":17}}".to_owned(),
-        "SPARK offsets batch=1 watermark=1 timestamp=1800000000001 shuffle=8 source={\"orders\":{\"0\":30,\"1\":35,\"10\":37}}".to_owned(),
-        "SPARK offsets batch=2 watermark=2 timestamp=1800000000002 shuffle=8 source={\"orders\":{\"0\":60,\"1\":65,\"10\":67}}".to_owned(),
+        "SPARK initial orders-0=0 orders-1=5 orders-10=7".to_owned(),
+        "SPARK offsets batch=0 watermark=0 timestamp=1800000000000 shuffle=8 orders-0=10 orders-1=15 orders-10=17".to_owned(),
+        "SPARK offsets batch=1 watermark=1 timestamp=1800000000001 shuffle=8 orders-0=30 orders-1=35 orders-10=37".to_owned(),
+        "SPARK offsets batch=2 watermark=2 timestamp=1800000000002 shuffle=8 orders-0=60 orders-1=65 orders-10=67".to_owned(),
         "SPARK commit batch=0 nextBatchWatermarkMs=0".to_owned(),
         "SPARK commit batch=1 nextBatchWatermarkMs=1".to_owned(),
     ];

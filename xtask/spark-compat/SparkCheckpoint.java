@@ -1,17 +1,22 @@
 // Writes and reads streaming checkpoints with Spark's own checkpoint classes
-// (StreamMetadata, OffsetSeqLog, CommitLog), so that Sluice's tests can check
-// that each side reads what the other writes. Run with Java's single-file
-// launcher by `cargo xtask spark-compat`.
+// (StreamMetadata, OffsetSeqLog, CommitLog, and the Kafka source's
+// KafkaSourceInitialOffsetWriter and KafkaSourceOffset), so that Sluice's tests
+// can check that each side reads what the other writes. Run with Java's
+// single-file launcher by `cargo xtask spark-compat`.
 //
 //   SparkCheckpoint write <dir> <batches> <committed> <topic>
-//       a query id, <batches> plans where plan b ends at 100*(b+1) on partitions
-//       0..2 of <topic>, and commits for the first <committed> batches
+//       a query id, initial offsets 0 on partitions 0..2 of <topic>, <batches>
+//       plans where plan b ends at 100*(b+1), and commits for the first
+//       <committed> batches
 //   SparkCheckpoint read <dir>
-//       prints every entry Spark reads, one per line:
+//       prints every entry Spark reads, one per line, offsets as the Kafka
+//       source parsed them, sorted:
 //       SPARK id=<id>
-//       SPARK offsets batch=<b> watermark=<ms> timestamp=<ms> shuffle=<conf value> source=<json>
+//       SPARK initial <topic>-<p>=<offset> ...
+//       SPARK offsets batch=<b> watermark=<ms> timestamp=<ms> shuffle=<conf value> <topic>-<p>=<offset> ...
 //       SPARK commit batch=<b> nextBatchWatermarkMs=<ms>
 
+import java.util.ArrayList;
 import java.util.List;
 
 import org.apache.hadoop.fs.Path;
@@ -25,6 +30,9 @@ import org.apache.spark.sql.execution.streaming.OffsetSeqMetadata;
 import org.apache.spark.sql.execution.streaming.SerializedOffset;
 import org.apache.spark.sql.execution.streaming.StreamMetadata;
 import org.apache.spark.sql.execution.streaming.StreamMetadata$;
+import org.apache.spark.sql.kafka010.KafkaSourceInitialOffsetWriter;
+import org.apache.spark.sql.kafka010.KafkaSourceOffset;
+import org.apache.spark.sql.kafka010.KafkaSourceOffset$;
 import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
 
@@ -42,6 +50,7 @@ public class SparkCheckpoint {
         OffsetSeqLog offsets = new OffsetSeqLog(spark, dir + "/offsets");
         CommitLog commits = new CommitLog(spark, dir + "/commits");
         Path metadata = new Path(dir, "metadata");
+        KafkaSourceInitialOffsetWriter initial = new KafkaSourceInitialOffsetWriter(spark, dir + "/sources/0");
         org.apache.hadoop.conf.Configuration hadoop = spark.sessionState().newHadoopConf();
 
         switch (args[0]) {
@@ -50,9 +59,10 @@ public class SparkCheckpoint {
                 int committed = Integer.parseInt(args[3]);
                 String topic = args[4];
                 StreamMetadata$.MODULE$.write(new StreamMetadata("0b5e3d4c-spark-written"), metadata, hadoop);
+                check(initial.add(0, kafka(topic, 0)), "initial offsets");
                 for (int b = 0; b < batches; b++) {
-                    long end = 100L * (b + 1);
-                    String json = "{\"" + topic + "\":{\"0\":" + end + ",\"1\":" + end + ",\"2\":" + end + "}}";
+                    // Rendered by the Kafka source's own JSON writer.
+                    String json = kafka(topic, 100L * (b + 1)).json();
                     String meta = "{\"batchWatermarkMs\":" + b + ",\"batchTimestampMs\":" + (1700000000000L + b)
                         + ",\"conf\":{\"spark.sql.shuffle.partitions\":\"200\"}}";
                     List<Offset> sources = List.of(new SerializedOffset(json));
@@ -66,6 +76,10 @@ public class SparkCheckpoint {
             case "read" -> {
                 Option<StreamMetadata> id = StreamMetadata$.MODULE$.read(metadata, hadoop);
                 System.out.println("SPARK id=" + (id.isDefined() ? id.get().id() : "none"));
+                Option<KafkaSourceOffset> start = initial.get(0);
+                if (start.isDefined()) {
+                    System.out.println("SPARK initial " + sorted(start.get()));
+                }
                 Option<scala.Tuple2<Object, OffsetSeq>> latest = offsets.getLatest();
                 long last = latest.isDefined() ? (Long) latest.get()._1() : -1;
                 for (long b = 0; b <= last; b++) {
@@ -78,7 +92,7 @@ public class SparkCheckpoint {
                     System.out.println("SPARK offsets batch=" + b + " watermark=" + md.batchWatermarkMs()
                         + " timestamp=" + md.batchTimestampMs()
                         + " shuffle=" + md.conf().getOrElse("spark.sql.shuffle.partitions", () -> "unset")
-                        + " source=" + source.json());
+                        + " " + sorted(KafkaSourceOffset$.MODULE$.apply(new SerializedOffset(source.json()))));
                 }
                 Option<scala.Tuple2<Object, CommitMetadata>> latestCommit = commits.getLatest();
                 long lastCommit = latestCommit.isDefined() ? (Long) latestCommit.get()._1() : -1;
@@ -94,6 +108,24 @@ public class SparkCheckpoint {
         }
         System.out.flush();
         spark.stop();
+    }
+
+    /** Offsets of partitions 0..2 of a topic, all at `offset`, parsed by the Kafka source. */
+    private static KafkaSourceOffset kafka(String topic, long offset) {
+        String json = "{\"" + topic + "\":{\"0\":" + offset + ",\"1\":" + offset + ",\"2\":" + offset + "}}";
+        return KafkaSourceOffset$.MODULE$.apply(new SerializedOffset(json));
+    }
+
+    /** `topic-partition=offset` pairs, sorted by topic, then partition number. */
+    private static String sorted(KafkaSourceOffset offset) {
+        List<String> pairs = new ArrayList<>();
+        CollectionConverters.asJava(offset.partitionToOffsets()).entrySet().stream()
+            .sorted((a, b) -> {
+                int byTopic = a.getKey().topic().compareTo(b.getKey().topic());
+                return byTopic != 0 ? byTopic : Integer.compare(a.getKey().partition(), b.getKey().partition());
+            })
+            .forEach(e -> pairs.add(e.getKey() + "=" + e.getValue()));
+        return String.join(" ", pairs);
     }
 
     private static void check(boolean added, String what) {
