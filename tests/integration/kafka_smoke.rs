@@ -4,85 +4,23 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
+use sluice_tests::kafka::{
+    Out, TIMEOUT, client_config, create_topic, delete_topic, produce, producer,
+};
 
 const PARTITIONS: i32 = 3;
 const RECORDS: i32 = 1_000;
-const TIMEOUT: Duration = Duration::from_secs(30);
-
-fn client_config() -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", sluice_tests::kafka_bootstrap());
-    config
-}
-
-fn admin() -> AdminClient<DefaultClientContext> {
-    client_config()
-        .create()
-        .expect("an admin client for the test broker")
-}
-
-async fn create_topic(name: &str) {
-    let topic = NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(1));
-    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT));
-    let results = admin()
-        .create_topics([&topic], &options)
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "creating topic {name} on {} failed: {e}; is Kafka up (cargo xtask up)?",
-                sluice_tests::kafka_bootstrap()
-            )
-        });
-    for result in results {
-        result.unwrap_or_else(|(topic, code)| panic!("creating topic {topic} failed: {code}"));
-    }
-}
-
-async fn delete_topic(name: &str) {
-    // Best effort: a leftover topic has a unique name and harms no later run.
-    let _ = admin().delete_topics(&[name], &AdminOptions::new()).await;
-}
 
 #[tokio::test]
 async fn produces_and_reads_back_a_thousand_records_with_matching_watermarks() {
     let topic = sluice_tests::unique_name("smoke");
-    create_topic(&topic).await;
-
-    let producer: FutureProducer = client_config()
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("a producer for the test broker");
-    // Queue every record first, then wait for the acknowledgements, so the test
-    // does not pay one linger interval per record.
-    let mut deliveries = Vec::new();
-    for i in 0..RECORDS {
-        let key = format!("key-{i}");
-        let value = format!("value-{i}");
-        let record = FutureRecord::to(&topic)
-            .partition(i % PARTITIONS)
-            .key(&key)
-            .payload(&value);
-        match producer.send_result(record) {
-            Ok(delivery) => deliveries.push(delivery),
-            Err((e, _)) => panic!("queueing record {i} for {topic} failed: {e}"),
-        }
-    }
-    for (i, delivery) in deliveries.into_iter().enumerate() {
-        let outcome = delivery
-            .await
-            .expect("the producer stays open until every delivery");
-        if let Err((e, _)) = outcome {
-            panic!("record {i} to {topic} was not acknowledged: {e}");
-        }
-    }
-    producer.flush(TIMEOUT).expect("flushing the producer");
+    create_topic(&topic, PARTITIONS).await;
+    let records: Vec<Out> = (0..RECORDS)
+        .map(|i| Out::new(i % PARTITIONS, format!("key-{i}"), format!("value-{i}")))
+        .collect();
+    produce(&producer(), &topic, &records).await;
 
     let consume_topic = topic.clone();
     let (by_partition, watermarks) =

@@ -4,4 +4,5 @@
 
 mod cassandra_smoke;
 mod kafka_smoke;
+mod kafka_source;
 mod spark_checkpoint;

@@ -5,6 +5,8 @@
 //! `SLUICE_KAFKA_BOOTSTRAP` (a Kafka bootstrap list) or `SLUICE_CASSANDRA_NODES`
 //! (comma-separated `host:port` pairs) to test against others.
 
+pub mod kafka;
+
 /// Environment variable naming the Kafka bootstrap servers to test against.
 pub const KAFKA_BOOTSTRAP_VAR: &str = "SLUICE_KAFKA_BOOTSTRAP";
 /// Environment variable naming the Cassandra contact points to test against.

@@ -236,6 +236,45 @@ pub fn classify_batch(
         .collect()
 }
 
+/// What `fail_on_data_loss` decides for the losses of one batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataLossDecision {
+    /// Nothing is lost.
+    None,
+    /// Stop: the query must not go on without the lost offsets.
+    Fail(Vec<DataLoss>),
+    /// Go on: the start offsets were moved past the losses, which are reported.
+    Skip(Vec<DataLoss>),
+}
+
+/// Applies `fail_on_data_loss` to a batch's start offsets. When loss is
+/// tolerated, each affected partition moves to its earliest available offset,
+/// a partition that is gone is dropped, and a new partition starts where its
+/// records now start.
+pub fn apply_data_loss_policy(
+    start: &mut PartitionOffsets,
+    losses: Vec<DataLoss>,
+    fail_on_data_loss: bool,
+) -> DataLossDecision {
+    if losses.is_empty() {
+        return DataLossDecision::None;
+    }
+    if fail_on_data_loss {
+        return DataLossDecision::Fail(losses);
+    }
+    for loss in &losses {
+        match loss.resume_at() {
+            Some(offset) => {
+                start.insert(loss.topic_partition().clone(), offset);
+            }
+            None => {
+                start.remove(loss.topic_partition());
+            }
+        }
+    }
+    DataLossDecision::Skip(losses)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,6 +332,33 @@ mod tests {
         let new = classify_data_loss(&tp(3), None, marks(40, 50)).unwrap();
         assert_eq!(new.lost_offsets(), 40);
         assert!(new.to_string().contains("instead of 0"));
+    }
+
+    #[test]
+    fn the_policy_fails_or_moves_the_start_past_the_loss() {
+        let planned = PartitionOffsets::from([(tp(0), off(3)), (tp(1), off(9)), (tp(2), off(4))]);
+        let current = BTreeMap::from([
+            (tp(0), marks(5, 10).unwrap()),
+            (tp(2), marks(0, 10).unwrap()),
+        ]);
+        let losses = classify_batch(&planned, &current);
+
+        let mut start = planned.clone();
+        let decision = apply_data_loss_policy(&mut start, losses.clone(), true);
+        assert_eq!(decision, DataLossDecision::Fail(losses.clone()));
+        assert_eq!(start, planned, "failing leaves the start alone");
+
+        let decision = apply_data_loss_policy(&mut start, losses.clone(), false);
+        assert_eq!(decision, DataLossDecision::Skip(losses));
+        assert_eq!(
+            start,
+            PartitionOffsets::from([(tp(0), off(5)), (tp(2), off(4))])
+        );
+
+        assert_eq!(
+            apply_data_loss_policy(&mut start, Vec::new(), true),
+            DataLossDecision::None
+        );
     }
 
     #[test]

@@ -1,0 +1,209 @@
+//! Blocking requests to the cluster (metadata, offsets by timestamp, committed
+//! offsets), retried as `fetch_offset_num_retries` says. Callers run them on
+//! tokio's blocking pool.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::thread::sleep;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::metadata::Metadata;
+use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
+use regex::Regex;
+use sluice_offsets::{Offset, PartitionOffsets, TopicPartition, Watermarks};
+
+use crate::{KafkaSourceConfig, KafkaSourceError, SourceContext, discovery};
+
+/// What a ListOffsets request asks for each partition.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Position {
+    /// The log start offset.
+    Earliest,
+    /// The end offset (the last stable offset under read_committed).
+    Latest,
+    /// The first offset whose timestamp is at or after these epoch milliseconds.
+    Timestamp(i64),
+}
+
+/// The consumer used for requests and reads, with the settings requests need.
+pub(crate) struct Client {
+    pub(crate) consumer: BaseConsumer<SourceContext>,
+    pub(crate) config: KafkaSourceConfig,
+    pub(crate) group_id: String,
+    pub(crate) pattern: Option<Regex>,
+}
+
+impl Client {
+    /// Runs `request` until it succeeds or the retries are spent.
+    fn retry<T>(
+        &self,
+        what: impl Fn() -> String,
+        mut request: impl FnMut() -> Result<T, KafkaError>,
+    ) -> Result<T, KafkaSourceError> {
+        let attempts = self.config.fetch_offset_num_retries + 1;
+        let mut attempt = 1;
+        loop {
+            match request() {
+                Ok(value) => return Ok(value),
+                Err(e) if attempt < attempts => {
+                    tracing::warn!(attempt, error = %e, "{} failed; retrying", what());
+                    sleep(self.config.fetch_offset_retry_interval);
+                    attempt += 1;
+                }
+                Err(source) => {
+                    return Err(KafkaSourceError::Unreachable {
+                        bootstrap: self.config.bootstrap_servers.clone(),
+                        what: what(),
+                        attempts,
+                        source: Box::new(source),
+                    });
+                }
+            }
+        }
+    }
+
+    fn metadata(&self) -> Result<Metadata, KafkaSourceError> {
+        // One topic's metadata when the selection names exactly one, else all.
+        let single = match &self.config.selection {
+            crate::TopicSelection::Subscribe(topics) if topics.len() == 1 => {
+                Some(topics[0].clone())
+            }
+            crate::TopicSelection::Assign(topics) if topics.len() == 1 => {
+                topics.keys().next().cloned()
+            }
+            _ => None,
+        };
+        self.retry(
+            || "fetching metadata".to_owned(),
+            || {
+                self.consumer
+                    .fetch_metadata(single.as_deref(), self.config.request_timeout)
+            },
+        )
+    }
+
+    /// The selected partitions and their watermarks.
+    pub(crate) fn partitions(
+        &self,
+    ) -> Result<BTreeMap<TopicPartition, Watermarks>, KafkaSourceError> {
+        let metadata = self.metadata()?;
+        let selected = discovery::select(&self.config.selection, self.pattern.as_ref(), &metadata);
+        let earliest = self.list_offsets(&selected, Position::Earliest)?;
+        let latest = self.list_offsets(&selected, Position::Latest)?;
+        Ok(selected
+            .into_iter()
+            .filter_map(|tp| {
+                let low = earliest.get(&tp).copied().flatten()?;
+                let high = latest.get(&tp).copied().flatten()?.max(low);
+                Some((tp, Watermarks { low, high }))
+            })
+            .collect())
+    }
+
+    /// One ListOffsets round for every partition at once. `None` for a partition
+    /// means Kafka has no such offset (a timestamp after the last record).
+    pub(crate) fn list_offsets(
+        &self,
+        partitions: &BTreeSet<TopicPartition>,
+        position: Position,
+    ) -> Result<BTreeMap<TopicPartition, Option<Offset>>, KafkaSourceError> {
+        let queries = partitions.iter().map(|tp| (tp.clone(), position)).collect();
+        self.list_offsets_at(&queries)
+    }
+
+    /// Like `list_offsets`, with a position per partition.
+    pub(crate) fn list_offsets_at(
+        &self,
+        queries: &BTreeMap<TopicPartition, Position>,
+    ) -> Result<BTreeMap<TopicPartition, Option<Offset>>, KafkaSourceError> {
+        if queries.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let mut request = TopicPartitionList::with_capacity(queries.len());
+        for (tp, position) in queries {
+            let query = match position {
+                Position::Earliest => KafkaOffset::Beginning,
+                Position::Latest => KafkaOffset::End,
+                Position::Timestamp(ms) => KafkaOffset::Offset(*ms),
+            };
+            request
+                .add_partition_offset(&tp.topic, tp.partition, query)
+                .map_err(|source| KafkaSourceError::Kafka {
+                    what: format!("asking for offsets of {tp}"),
+                    source: Box::new(source),
+                })?;
+        }
+        let answer = self.retry(
+            || format!("listing offsets of {} partitions", queries.len()),
+            || {
+                let answer = self
+                    .consumer
+                    .offsets_for_times(request.clone(), self.config.request_timeout)?;
+                // A partition-level error fails the round, so that it is retried.
+                for elem in answer.elements() {
+                    elem.error()?;
+                }
+                Ok(answer)
+            },
+        )?;
+        Ok(answer
+            .elements()
+            .into_iter()
+            .map(|elem| {
+                let tp = TopicPartition::new(elem.topic(), elem.partition());
+                let offset = match elem.offset() {
+                    KafkaOffset::Offset(n) => Offset::new(n),
+                    _ => None,
+                };
+                (tp, offset)
+            })
+            .collect())
+    }
+
+    /// The consumer group's committed offsets; `None` where it has none.
+    pub(crate) fn committed(
+        &self,
+        partitions: &BTreeSet<TopicPartition>,
+    ) -> Result<BTreeMap<TopicPartition, Option<Offset>>, KafkaSourceError> {
+        let mut request = TopicPartitionList::with_capacity(partitions.len());
+        for tp in partitions {
+            request.add_partition(&tp.topic, tp.partition);
+        }
+        let answer = self.retry(
+            || format!("reading the committed offsets of group {}", self.group_id),
+            || {
+                self.consumer
+                    .committed_offsets(request.clone(), self.config.request_timeout)
+            },
+        )?;
+        Ok(answer
+            .elements()
+            .into_iter()
+            .map(|elem| {
+                let offset = match elem.offset() {
+                    KafkaOffset::Offset(n) => Offset::new(n),
+                    _ => None,
+                };
+                (TopicPartition::new(elem.topic(), elem.partition()), offset)
+            })
+            .collect())
+    }
+
+    /// Commits `offsets` (next offsets to read, as Kafka expects) to the group.
+    pub(crate) fn commit(&self, offsets: &PartitionOffsets) -> Result<(), KafkaSourceError> {
+        let mut list = TopicPartitionList::with_capacity(offsets.len());
+        for (tp, offset) in offsets {
+            list.add_partition_offset(&tp.topic, tp.partition, KafkaOffset::Offset(offset.value()))
+                .map_err(|source| KafkaSourceError::Kafka {
+                    what: format!("committing {tp} at {offset}"),
+                    source: Box::new(source),
+                })?;
+        }
+        self.consumer
+            .commit(&list, rdkafka::consumer::CommitMode::Sync)
+            .map_err(|source| KafkaSourceError::Kafka {
+                what: format!("committing progress to consumer group {}", self.group_id),
+                source: Box::new(source),
+            })
+    }
+}

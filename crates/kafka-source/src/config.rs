@@ -1,0 +1,201 @@
+//! The source's configuration, and the Kafka client options Sluice owns.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::KafkaSourceError;
+
+/// Which partitions a query reads: exactly one of Spark's three ways.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopicSelection {
+    /// Explicit partitions per topic (Spark's `assign`).
+    Assign(BTreeMap<String, Vec<i32>>),
+    /// Every partition of these topics (Spark's `subscribe`).
+    Subscribe(Vec<String>),
+    /// Every partition of every topic whose whole name matches this regular
+    /// expression (Spark's `subscribePattern`). Internal topics (`__...`) are left out.
+    SubscribePattern(String),
+}
+
+/// How the source talks to Kafka and what it does when data is lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KafkaSourceConfig {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// The partitions to read.
+    pub selection: TopicSelection,
+    /// The consumer group used for committed offsets and progress commits;
+    /// `sluice-<query id>` when unset.
+    pub group_id: Option<String>,
+    /// Further librdkafka options (security, SASL/SSL, timeouts), passed through.
+    pub client_options: BTreeMap<String, String>,
+    /// Stop when offsets a batch needs are gone (default), or skip ahead and report.
+    pub fail_on_data_loss: bool,
+    /// How often to retry a failed offset or metadata request (default 3).
+    pub fetch_offset_num_retries: u32,
+    /// How long to wait between those retries (default 1 s).
+    pub fetch_offset_retry_interval: Duration,
+    /// How long a read may go without progress while records are still owed
+    /// (default 120 s, Spark's `kafkaConsumer.pollTimeoutMs`).
+    pub poll_timeout: Duration,
+    /// The timeout of one metadata or offset request (default 30 s).
+    pub request_timeout: Duration,
+    /// Whether records carry their headers.
+    pub include_headers: bool,
+    /// Whether to commit each committed batch's end offsets to the consumer group,
+    /// so that lag monitors see progress.
+    pub commit_progress: bool,
+}
+
+impl KafkaSourceConfig {
+    /// A configuration with Sluice's defaults.
+    pub fn new(bootstrap_servers: impl Into<String>, selection: TopicSelection) -> Self {
+        KafkaSourceConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            selection,
+            group_id: None,
+            client_options: BTreeMap::new(),
+            fail_on_data_loss: true,
+            fetch_offset_num_retries: 3,
+            fetch_offset_retry_interval: Duration::from_secs(1),
+            poll_timeout: Duration::from_secs(120),
+            request_timeout: Duration::from_secs(30),
+            include_headers: false,
+            commit_progress: false,
+        }
+    }
+
+    /// Checks what can be checked without a broker.
+    pub fn validate(&self) -> Result<(), KafkaSourceError> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(KafkaSourceError::Config(
+                "bootstrap_servers is empty: name at least one broker as host:port".to_owned(),
+            ));
+        }
+        match &self.selection {
+            TopicSelection::Assign(topics) => {
+                if topics.is_empty() || topics.values().any(Vec::is_empty) {
+                    return Err(KafkaSourceError::Config(
+                        "assign names no partitions: give at least one partition per topic"
+                            .to_owned(),
+                    ));
+                }
+                if let Some((topic, p)) = topics
+                    .iter()
+                    .find_map(|(t, ps)| ps.iter().find(|p| **p < 0).map(|p| (t, p)))
+                {
+                    return Err(KafkaSourceError::Config(format!(
+                        "assign: partition {p} of topic {topic} is negative"
+                    )));
+                }
+            }
+            TopicSelection::Subscribe(topics) => {
+                if topics.is_empty() || topics.iter().any(|t| t.trim().is_empty()) {
+                    return Err(KafkaSourceError::Config(
+                        "subscribe names no topic, or an empty one".to_owned(),
+                    ));
+                }
+            }
+            TopicSelection::SubscribePattern(pattern) => {
+                crate::discovery::compile_pattern(pattern)?;
+            }
+        }
+        for key in self.client_options.keys() {
+            if let Some(reason) = owned_option(key) {
+                return Err(KafkaSourceError::OwnedOption {
+                    option: key.clone(),
+                    reason,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why Sluice refuses a client option, if it does.
+fn owned_option(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "enable.auto.commit" => {
+            "Sluice keeps offsets in its offset store; set commit_progress = true to also commit \
+             them to the consumer group for lag monitors"
+        }
+        "auto.offset.reset" => {
+            "Sluice decides where reading starts (starting_offsets) and what happens to purged \
+             offsets (fail_on_data_loss); a reset policy would skip data silently"
+        }
+        "group.id" => {
+            "set group_id in the source configuration instead; without it Sluice uses \
+             sluice-<query id>"
+        }
+        "bootstrap.servers" | "metadata.broker.list" => {
+            "set bootstrap_servers in the source configuration instead"
+        }
+        "enable.auto.offset.store" | "enable.partition.eof" => {
+            "Sluice reads exact offset ranges and sets it itself"
+        }
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> KafkaSourceConfig {
+        KafkaSourceConfig::new(
+            "127.0.0.1:9092",
+            TopicSelection::Subscribe(vec!["t".into()]),
+        )
+    }
+
+    #[test]
+    fn refuses_options_sluice_owns_and_says_why() {
+        for key in [
+            "enable.auto.commit",
+            "auto.offset.reset",
+            "group.id",
+            "bootstrap.servers",
+        ] {
+            let mut c = config();
+            c.client_options.insert(key.to_owned(), "x".to_owned());
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("Kafka option `{key}` is set by Sluice")),
+                "{err}"
+            );
+        }
+        let mut c = config();
+        c.client_options
+            .insert("security.protocol".to_owned(), "SASL_SSL".to_owned());
+        c.client_options
+            .insert("sasl.mechanism".to_owned(), "SCRAM-SHA-512".to_owned());
+        assert!(c.validate().is_ok(), "security options pass through");
+    }
+
+    #[test]
+    fn refuses_empty_selections_and_bad_patterns() {
+        let mut c = config();
+        c.selection = TopicSelection::Subscribe(vec![]);
+        assert!(c.validate().is_err());
+        c.selection = TopicSelection::Assign(BTreeMap::from([("t".to_owned(), vec![])]));
+        assert!(c.validate().is_err());
+        c.selection = TopicSelection::Assign(BTreeMap::from([("t".to_owned(), vec![-1])]));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("partition -1 of topic t")
+        );
+        c.selection = TopicSelection::SubscribePattern("events-(".to_owned());
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("subscribe_pattern")
+        );
+        c.selection = TopicSelection::SubscribePattern("events-.*".to_owned());
+        assert!(c.validate().is_ok());
+        c.bootstrap_servers = " ".to_owned();
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,76 @@
+//! Which partitions a query reads, from the cluster's metadata.
+
+use std::collections::BTreeSet;
+
+use rdkafka::metadata::Metadata;
+use regex::Regex;
+use sluice_offsets::TopicPartition;
+
+use crate::{KafkaSourceError, TopicSelection};
+
+/// Compiles a subscribe pattern so that it must match a whole topic name, as
+/// Java's `Pattern.matcher(topic).matches()` does for Spark.
+pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex, KafkaSourceError> {
+    Regex::new(&format!("^(?:{pattern})$")).map_err(|source| KafkaSourceError::Pattern {
+        pattern: pattern.to_owned(),
+        source: Box::new(source),
+    })
+}
+
+/// The partitions of `selection` that `metadata` knows. An assigned partition the
+/// cluster does not have is left out: the data-loss classification reports it.
+pub(crate) fn select(
+    selection: &TopicSelection,
+    pattern: Option<&Regex>,
+    metadata: &Metadata,
+) -> BTreeSet<TopicPartition> {
+    let mut selected = BTreeSet::new();
+    for topic in metadata.topics() {
+        if topic.error().is_some() {
+            continue;
+        }
+        let name = topic.name();
+        let wanted: Box<dyn Fn(i32) -> bool> = match selection {
+            TopicSelection::Assign(assigned) => match assigned.get(name) {
+                Some(partitions) => {
+                    let partitions = partitions.clone();
+                    Box::new(move |p| partitions.contains(&p))
+                }
+                None => continue,
+            },
+            TopicSelection::Subscribe(topics) => {
+                if !topics.iter().any(|t| t == name) {
+                    continue;
+                }
+                Box::new(|_| true)
+            }
+            TopicSelection::SubscribePattern(_) => {
+                let matches = pattern.is_some_and(|p| p.is_match(name));
+                if !matches || name.starts_with("__") {
+                    continue;
+                }
+                Box::new(|_| true)
+            }
+        };
+        for partition in topic.partitions() {
+            if wanted(partition.id()) {
+                selected.insert(TopicPartition::new(name, partition.id()));
+            }
+        }
+    }
+    selected
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compile_pattern;
+
+    #[test]
+    fn patterns_match_whole_topic_names() {
+        let p = compile_pattern("events-.*").unwrap();
+        assert!(p.is_match("events-eu"));
+        assert!(!p.is_match("old-events-eu"));
+        let p = compile_pattern("a|b").unwrap();
+        assert!(p.is_match("a") && p.is_match("b") && !p.is_match("ab"));
+    }
+}

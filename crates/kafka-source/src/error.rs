@@ -1,0 +1,122 @@
+//! Errors of the Kafka source, naming the partitions and offsets concerned.
+
+use rdkafka::error::KafkaError;
+use sluice_offsets::{DataLoss, Offset, TopicPartition};
+
+/// An error of the Kafka source.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaSourceError {
+    /// A client option that Sluice sets itself.
+    #[error("Kafka option `{option}` is set by Sluice and cannot be given: {reason}")]
+    OwnedOption {
+        /// The option as given.
+        option: String,
+        /// Why Sluice owns it.
+        reason: &'static str,
+    },
+    /// Configuration that cannot work.
+    #[error("invalid Kafka source configuration: {0}")]
+    Config(String),
+    /// The subscribe pattern is not a regular expression.
+    #[error("invalid subscribe_pattern {pattern:?}: {source}")]
+    Pattern {
+        /// The pattern as given.
+        pattern: String,
+        /// Why it does not compile.
+        #[source]
+        source: Box<regex::Error>,
+    },
+    /// librdkafka refused the client configuration.
+    #[error("creating the Kafka client for {bootstrap} failed: {source}")]
+    Client {
+        /// The bootstrap servers.
+        bootstrap: String,
+        /// librdkafka's error.
+        #[source]
+        source: Box<KafkaError>,
+    },
+    /// Requests kept failing, typically because no broker answers.
+    #[error(
+        "cannot reach Kafka at {bootstrap}: {what} failed {attempts} times; last error: {source}"
+    )]
+    Unreachable {
+        /// The bootstrap servers.
+        bootstrap: String,
+        /// The request, e.g. `listing offsets of 12 partitions`.
+        what: String,
+        /// How many times it was tried.
+        attempts: u32,
+        /// The last error.
+        #[source]
+        source: Box<KafkaError>,
+    },
+    /// Starting by timestamp found no record at or after it.
+    #[error(
+        "{topic_partition}: no record has a timestamp at or after {timestamp_ms}; set \
+         starting_offsets_by_timestamp_strategy = \"latest\" to start at the end instead"
+    )]
+    NoOffsetForTimestamp {
+        /// The partition.
+        topic_partition: TopicPartition,
+        /// The requested epoch milliseconds.
+        timestamp_ms: i64,
+    },
+    /// Starting from the consumer group found no committed offset.
+    #[error("{topic_partition}: consumer group {group} has no committed offset for this partition")]
+    NoCommittedOffset {
+        /// The partition.
+        topic_partition: TopicPartition,
+        /// The consumer group.
+        group: String,
+    },
+    /// Offsets a batch needs are gone and `fail_on_data_loss` is set.
+    #[error("{}", describe_data_loss(.0))]
+    DataLoss(Vec<DataLoss>),
+    /// A read made no progress for `poll_timeout` while records were still owed.
+    #[error(
+        "reading {topic_partition} [{from}, {until}) made no progress for {timeout_ms} ms: \
+         offsets before {reached} were read, [{reached}, {until}) are still owed; is the \
+         broker up, or is a transaction holding the partition open? (poll_timeout_ms)"
+    )]
+    PollTimeout {
+        /// The partition.
+        topic_partition: TopicPartition,
+        /// The planned start.
+        from: Offset,
+        /// The planned end.
+        until: Offset,
+        /// The first offset not yet read.
+        reached: Offset,
+        /// The timeout.
+        timeout_ms: u128,
+    },
+    /// A Kafka call failed.
+    #[error("{what} failed: {source}")]
+    Kafka {
+        /// What was being done.
+        what: String,
+        /// librdkafka's error.
+        #[source]
+        source: Box<KafkaError>,
+    },
+    /// The blocking Kafka task did not finish.
+    #[error("Kafka I/O task failed: {0}")]
+    Task(String),
+}
+
+fn describe_data_loss(losses: &[DataLoss]) -> String {
+    let mut text = format!(
+        "data loss in {} partition{} and fail_on_data_loss is true, so the query stops:",
+        losses.len(),
+        if losses.len() == 1 { "" } else { "s" }
+    );
+    for loss in losses {
+        text.push_str("\n  ");
+        text.push_str(&loss.to_string());
+    }
+    text.push_str(
+        "\nTo skip ahead to the earliest available offsets and report the loss instead, set \
+         fail_on_data_loss = false.",
+    );
+    text
+}

@@ -1,0 +1,521 @@
+//! The Kafka source against the real broker: exact range reads, discovery of new
+//! partitions and topics, starting offsets, data loss, transactions, and an
+//! unreachable cluster.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminOptions, NewPartitions};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
+use sluice_kafka_source::{KafkaSource, KafkaSourceConfig, KafkaSourceError, TopicSelection};
+use sluice_offsets::Source as _;
+use sluice_offsets::{
+    DataLoss, DataLossDecision, MissingCommitted, Offset, OffsetRange, PartitionOffsets,
+    SpecificOffset, StartingOffsets, TimestampFallback, TopicPartition, apply_data_loss_policy,
+    classify_batch,
+};
+use sluice_tests::kafka::{
+    Out, TIMEOUT, admin, client_config, create_topic, delete_topic, numbered, produce, producer,
+};
+
+fn config(selection: TopicSelection) -> KafkaSourceConfig {
+    let mut config = KafkaSourceConfig::new(sluice_tests::kafka_bootstrap(), selection);
+    config.poll_timeout = Duration::from_secs(20);
+    config.fetch_offset_retry_interval = Duration::from_millis(200);
+    config.request_timeout = Duration::from_secs(10);
+    config
+}
+
+fn subscribe(topic: &str) -> KafkaSourceConfig {
+    config(TopicSelection::Subscribe(vec![topic.to_owned()]))
+}
+
+fn source(config: KafkaSourceConfig) -> KafkaSource {
+    KafkaSource::new(config, &sluice_tests::unique_name("query")).expect("a Kafka source")
+}
+
+fn tp(topic: &str, partition: i32) -> TopicPartition {
+    TopicPartition::new(topic, partition)
+}
+
+fn off(value: i64) -> Offset {
+    Offset::new(value).unwrap()
+}
+
+fn range(topic: &str, partition: i32, from: i64, until: i64) -> OffsetRange {
+    OffsetRange {
+        topic_partition: tp(topic, partition),
+        from: off(from),
+        until: off(until),
+    }
+}
+
+/// The offsets and values read for each range.
+fn read_values(batch: &sluice_offsets::ReadBatch) -> Vec<Vec<(i64, String)>> {
+    batch
+        .partitions
+        .iter()
+        .map(|p| {
+            p.records
+                .iter()
+                .map(|r| {
+                    let value = String::from_utf8(r.value.clone().unwrap_or_default()).unwrap();
+                    (r.offset.value(), value)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn expected(prefix: &str, from: i64, until: i64) -> Vec<(i64, String)> {
+    (from..until)
+        .map(|i| (i, format!("{prefix}-{i}")))
+        .collect()
+}
+
+#[tokio::test]
+async fn reads_exact_ranges_over_several_partitions_in_order() {
+    let topic = sluice_tests::unique_name("ranges");
+    create_topic(&topic, 3).await;
+    let p = producer();
+    for partition in 0..3 {
+        produce(
+            &p,
+            &topic,
+            &numbered(partition, &format!("p{partition}"), 100),
+        )
+        .await;
+    }
+
+    let mut source = source(subscribe(&topic));
+    let partitions = source.partitions().await.unwrap();
+    assert_eq!(partitions.len(), 3);
+    assert!(
+        partitions
+            .values()
+            .all(|w| w.low == off(0) && w.high == off(100))
+    );
+
+    let first = [
+        range(&topic, 0, 10, 60),
+        range(&topic, 1, 0, 100),
+        range(&topic, 2, 95, 100),
+    ];
+    let batch = source.read(&first).await.unwrap();
+    assert_eq!(
+        read_values(&batch),
+        vec![
+            expected("p0", 10, 60),
+            expected("p1", 0, 100),
+            expected("p2", 95, 100)
+        ]
+    );
+    assert!(batch.data_loss.is_empty());
+
+    // The same consumer reads the next batch, including an empty range.
+    let second = [
+        range(&topic, 0, 60, 100),
+        range(&topic, 1, 100, 100),
+        range(&topic, 2, 0, 5),
+    ];
+    let batch = source.read(&second).await.unwrap();
+    assert_eq!(
+        read_values(&batch),
+        vec![expected("p0", 60, 100), vec![], expected("p2", 0, 5)]
+    );
+    assert_eq!(batch.record_count(), 45);
+    let record = &batch.partitions[0].records[0];
+    assert_eq!((&*record.topic, record.partition), (topic.as_str(), 0));
+    assert_eq!(record.key.as_deref(), Some(&b"k60"[..]));
+    assert!(record.timestamp_ms.is_some());
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn picks_up_new_partitions_and_matching_topics_from_offset_zero() {
+    let prefix = sluice_tests::unique_name("disc");
+    let topic = format!("{prefix}_a");
+    create_topic(&topic, 2).await;
+    let mut source = source(config(TopicSelection::SubscribePattern(format!(
+        "{prefix}_.*"
+    ))));
+    let before = source.partitions().await.unwrap();
+    assert_eq!(
+        before.keys().cloned().collect::<Vec<_>>(),
+        vec![tp(&topic, 0), tp(&topic, 1)]
+    );
+
+    admin()
+        .create_partitions(&[NewPartitions::new(&topic, 3)], &AdminOptions::new())
+        .await
+        .unwrap()
+        .into_iter()
+        .for_each(|r| r.map(|_| ()).unwrap());
+    let other = format!("{prefix}_b");
+    create_topic(&other, 1).await;
+    create_topic(&format!("not_{prefix}_c"), 1).await;
+    let p = producer();
+    produce(&p, &topic, &numbered(2, "new", 5)).await;
+    produce(&p, &other, &numbered(0, "other", 3)).await;
+
+    let after = source.partitions().await.unwrap();
+    assert_eq!(
+        after.keys().cloned().collect::<Vec<_>>(),
+        vec![tp(&topic, 0), tp(&topic, 1), tp(&topic, 2), tp(&other, 0)]
+    );
+    // New partitions that start at 0 are not data loss; they are read from 0.
+    let planned: PartitionOffsets = before.keys().map(|tp| (tp.clone(), off(0))).collect();
+    assert_eq!(classify_batch(&planned, &after), vec![]);
+    let batch = source
+        .read(&[range(&topic, 2, 0, 5), range(&other, 0, 0, 3)])
+        .await
+        .unwrap();
+    assert_eq!(
+        read_values(&batch),
+        vec![expected("new", 0, 5), expected("other", 0, 3)]
+    );
+    for t in [topic, other, format!("not_{prefix}_c")] {
+        delete_topic(&t).await;
+    }
+}
+
+#[tokio::test]
+async fn starts_by_timestamp_specific_offsets_and_committed_group_offsets() {
+    let topic = sluice_tests::unique_name("start");
+    create_topic(&topic, 2).await;
+    let base = 1_700_000_000_000_i64;
+    let records: Vec<Out> = (0..2)
+        .flat_map(|partition| {
+            (0..10).map(move |i| Out {
+                timestamp_ms: Some(base + i * 1_000),
+                ..Out::new(partition, format!("k{i}"), format!("v{i}"))
+            })
+        })
+        .collect();
+    produce(&producer(), &topic, &records).await;
+
+    let mut config = subscribe(&topic);
+    config.commit_progress = true;
+    config.group_id = Some(sluice_tests::unique_name("group"));
+    let mut source = source(config.clone());
+    let partitions = source.partitions().await.unwrap();
+    let both =
+        |a: i64, b: i64| PartitionOffsets::from([(tp(&topic, 0), off(a)), (tp(&topic, 1), off(b))]);
+
+    let at = start_at(
+        &partitions,
+        &mut source,
+        StartingOffsets::Timestamp {
+            timestamp_ms: base + 3_500,
+            fallback: TimestampFallback::Error,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(at, both(4, 4), "the first record at or after the timestamp");
+
+    let per_partition = StartingOffsets::TimestampPerPartition {
+        timestamps: BTreeMap::from([(tp(&topic, 0), base), (tp(&topic, 1), base + 9_000)]),
+        fallback: TimestampFallback::Error,
+    };
+    assert_eq!(
+        start_at(&partitions, &mut source, per_partition)
+            .await
+            .unwrap(),
+        both(0, 9)
+    );
+
+    let too_late = StartingOffsets::Timestamp {
+        timestamp_ms: base + 60_000,
+        fallback: TimestampFallback::Error,
+    };
+    let err = start_at(&partitions, &mut source, too_late)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with(&format!(
+            "{topic}-0: no record has a timestamp at or after {}",
+            base + 60_000
+        )),
+        "{err}"
+    );
+    let latest_instead = StartingOffsets::Timestamp {
+        timestamp_ms: base + 60_000,
+        fallback: TimestampFallback::Latest,
+    };
+    assert_eq!(
+        start_at(&partitions, &mut source, latest_instead)
+            .await
+            .unwrap(),
+        both(10, 10)
+    );
+
+    let specific = StartingOffsets::Specific(BTreeMap::from([
+        (tp(&topic, 0), SpecificOffset::Earliest),
+        (tp(&topic, 1), SpecificOffset::Latest),
+    ]));
+    assert_eq!(
+        start_at(&partitions, &mut source, specific).await.unwrap(),
+        both(0, 10)
+    );
+    let partial = StartingOffsets::Specific(BTreeMap::from([(
+        tp(&topic, 0),
+        SpecificOffset::At(off(3)),
+    )]));
+    let err = start_at(&partitions, &mut source, partial)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("names no offset for {topic}-1")),
+        "{err}"
+    );
+
+    // Progress committed to the group is what a lag monitor, or a query that
+    // starts from the group, sees.
+    let group = StartingOffsets::GroupCommitted {
+        missing: MissingCommitted::Error,
+    };
+    let err = start_at(&partitions, &mut source, group.clone())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("has no committed offset"), "{err}");
+    source.commit_progress(&both(7, 3)).await.unwrap();
+    let mut again = self::source(config);
+    assert_eq!(
+        again.starting_offsets(&group, &partitions).await.unwrap(),
+        both(7, 3)
+    );
+    delete_topic(&topic).await;
+}
+
+async fn start_at(
+    partitions: &BTreeMap<TopicPartition, sluice_offsets::Watermarks>,
+    source: &mut KafkaSource,
+    starting: StartingOffsets,
+) -> Result<PartitionOffsets, KafkaSourceError> {
+    source.starting_offsets(&starting, partitions).await
+}
+
+async fn delete_records_before(topic: &str, partition: i32, offset: i64) {
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, partition, KafkaOffset::Offset(offset))
+        .unwrap();
+    let result = admin()
+        .delete_records(&list, &AdminOptions::new().operation_timeout(Some(TIMEOUT)))
+        .await
+        .unwrap();
+    for elem in result.elements() {
+        elem.error().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn purged_offsets_are_named_or_skipped_with_an_exact_count() {
+    let topic = sluice_tests::unique_name("purge");
+    create_topic(&topic, 2).await;
+    let p = producer();
+    produce(&p, &topic, &numbered(0, "v", 100)).await;
+    produce(&p, &topic, &numbered(1, "w", 10)).await;
+    delete_records_before(&topic, 0, 40).await;
+
+    // Before a batch: the planned start is compared with the watermarks.
+    let mut strict = source(subscribe(&topic));
+    let current = strict.partitions().await.unwrap();
+    assert_eq!(current[&tp(&topic, 0)].low, off(40));
+    let planned = PartitionOffsets::from([(tp(&topic, 0), off(10)), (tp(&topic, 1), off(0))]);
+    let losses = classify_batch(&planned, &current);
+    let DataLossDecision::Fail(losses) = apply_data_loss_policy(&mut planned.clone(), losses, true)
+    else {
+        panic!("fail_on_data_loss must fail");
+    };
+    let message = KafkaSourceError::DataLoss(losses).to_string();
+    println!("data loss before a batch:\n{message}");
+    assert!(
+        message.contains(&format!(
+            "{topic}-0: offsets [10, 40) are lost: the batch starts at 10 but the partition now \
+             holds [40, 100)"
+        )),
+        "{message}"
+    );
+
+    // While reading: librdkafka's out-of-range error is traced to its partition.
+    let ranges = [range(&topic, 0, 10, 100), range(&topic, 1, 0, 10)];
+    let err = strict.read(&ranges).await.unwrap_err();
+    println!("data loss while reading:\n{err}");
+    assert!(
+        matches!(err, KafkaSourceError::DataLoss(ref l) if l.len() == 1),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains(&format!("{topic}-0: offsets [10, 40) are lost")),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("fail_on_data_loss = false"),
+        "{err}"
+    );
+
+    let mut tolerant_config = subscribe(&topic);
+    tolerant_config.fail_on_data_loss = false;
+    let mut tolerant = source(tolerant_config);
+    let batch = tolerant.read(&ranges).await.unwrap();
+    assert_eq!(
+        read_values(&batch),
+        vec![expected("v", 40, 100), expected("w", 0, 10)]
+    );
+    assert_eq!(batch.data_loss.len(), 1);
+    assert_eq!(batch.data_loss[0].topic_partition(), &tp(&topic, 0));
+    assert_eq!(batch.data_loss[0].lost_offsets(), 30);
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_recreated_topic_is_an_offset_ahead_of_the_partition_end() {
+    let topic = sluice_tests::unique_name("recreate");
+    create_topic(&topic, 1).await;
+    produce(&producer(), &topic, &numbered(0, "old", 50)).await;
+    delete_topic(&topic).await;
+    create_topic(&topic, 1).await;
+    produce(&producer(), &topic, &numbered(0, "new", 10)).await;
+
+    let mut source = source(subscribe(&topic));
+    let current = source.partitions().await.unwrap();
+    let planned = PartitionOffsets::from([(tp(&topic, 0), off(50))]);
+    let losses = classify_batch(&planned, &current);
+    assert!(
+        matches!(losses.as_slice(), [DataLoss::AheadOfEnd { .. }]),
+        "{losses:?}"
+    );
+    let message = KafkaSourceError::DataLoss(losses).to_string();
+    println!("recreated topic:\n{message}");
+    assert!(
+        message.contains(&format!(
+            "{topic}-0: the batch starts at 50, beyond the partition's end; it now holds [0, 10)"
+        )),
+        "{message}"
+    );
+    assert!(message.contains("deleted and recreated"), "{message}");
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn aborted_transactions_leave_no_gap_error() {
+    let topic = sluice_tests::unique_name("txn");
+    create_topic(&topic, 1).await;
+    let transactional: FutureProducer = client_config()
+        .set("transactional.id", sluice_tests::unique_name("txn"))
+        .create()
+        .unwrap();
+    transactional.init_transactions(TIMEOUT).unwrap();
+    for commit in [false, true] {
+        transactional.begin_transaction().unwrap();
+        for i in 0..10 {
+            let value = format!("{}-{i}", if commit { "kept" } else { "aborted" });
+            transactional
+                .send(
+                    FutureRecord::to(&topic)
+                        .partition(0)
+                        .key("k")
+                        .payload(&value),
+                    TIMEOUT,
+                )
+                .await
+                .unwrap();
+        }
+        if commit {
+            transactional.commit_transaction(TIMEOUT).unwrap();
+        } else {
+            transactional.abort_transaction(TIMEOUT).unwrap();
+        }
+    }
+    // Offsets: 0..9 aborted, 10 the abort marker, 11..20 kept, 21 the commit marker.
+    let mut source = source(subscribe(&topic));
+    let end = source.partitions().await.unwrap()[&tp(&topic, 0)].high;
+    assert_eq!(end, off(22));
+
+    let batch = source.read(&[range(&topic, 0, 0, 22)]).await.unwrap();
+    let offsets: Vec<i64> = batch.partitions[0]
+        .records
+        .iter()
+        .map(|r| r.offset.value())
+        .collect();
+    assert_eq!(offsets, (11..21).collect::<Vec<_>>());
+    assert!(batch.data_loss.is_empty());
+
+    // A range holding nothing but aborted records and a marker ends too.
+    let batch = source.read(&[range(&topic, 0, 0, 11)]).await.unwrap();
+    assert_eq!(batch.record_count(), 0);
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn headers_come_with_records_when_asked_for() {
+    let topic = sluice_tests::unique_name("headers");
+    create_topic(&topic, 1).await;
+    let record = Out {
+        headers: vec![("trace".to_owned(), "abc".to_owned())],
+        ..Out::new(0, "k", "v")
+    };
+    produce(&producer(), &topic, &[record]).await;
+    let mut with = subscribe(&topic);
+    with.include_headers = true;
+    let batch = source(with).read(&[range(&topic, 0, 0, 1)]).await.unwrap();
+    let headers = &batch.partitions[0].records[0].headers;
+    assert_eq!(headers.len(), 1);
+    assert_eq!(
+        (headers[0].key.as_str(), headers[0].value.as_deref()),
+        ("trace", Some(&b"abc"[..]))
+    );
+    let batch = source(subscribe(&topic))
+        .read(&[range(&topic, 0, 0, 1)])
+        .await
+        .unwrap();
+    assert!(batch.partitions[0].records[0].headers.is_empty());
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_cluster_is_a_clear_error_after_the_retries() {
+    // Nothing listens on port 1 of loopback.
+    let mut config =
+        KafkaSourceConfig::new("127.0.0.1:1", TopicSelection::Subscribe(vec!["t".into()]));
+    config.fetch_offset_num_retries = 1;
+    config.fetch_offset_retry_interval = Duration::from_millis(100);
+    config.request_timeout = Duration::from_secs(2);
+    let err = source(config).partitions().await.unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.starts_with("cannot reach Kafka at 127.0.0.1:1: fetching metadata failed 2 times"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn commit_progress_is_off_unless_configured() {
+    let topic = sluice_tests::unique_name("nocommit");
+    create_topic(&topic, 1).await;
+    produce(&producer(), &topic, &numbered(0, "v", 5)).await;
+    let mut config = subscribe(&topic);
+    config.group_id = Some(sluice_tests::unique_name("group"));
+    let mut quiet = source(config.clone());
+    quiet
+        .commit_progress(&PartitionOffsets::from([(tp(&topic, 0), off(5))]))
+        .await
+        .unwrap();
+    let partitions = quiet.partitions().await.unwrap();
+    let err = quiet
+        .starting_offsets(
+            &StartingOffsets::GroupCommitted {
+                missing: MissingCommitted::Error,
+            },
+            &partitions,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("has no committed offset"), "{err}");
+    let _ = producer().flush(TIMEOUT);
+    delete_topic(&topic).await;
+}
