@@ -212,7 +212,7 @@ async fn starts_by_timestamp_specific_offsets_and_committed_group_offsets() {
         },
     )
     .await
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e} with partitions {partitions:?}"));
     assert_eq!(at, both(4, 4), "the first record at or after the timestamp");
 
     let per_partition = StartingOffsets::TimestampPerPartition {
@@ -517,5 +517,88 @@ async fn commit_progress_is_off_unless_configured() {
         .unwrap_err();
     assert!(err.to_string().contains("has no committed offset"), "{err}");
     let _ = producer().flush(TIMEOUT);
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn assigned_partitions_only_and_missing_ones_are_reported_gone() {
+    let topic = sluice_tests::unique_name("assign");
+    create_topic(&topic, 3).await;
+    produce(&producer(), &topic, &numbered(1, "v", 4)).await;
+    let selection = TopicSelection::Assign(BTreeMap::from([(topic.clone(), vec![1, 7])]));
+    let mut source = source(config(selection));
+    let current = source.partitions().await.unwrap();
+    assert_eq!(
+        current.keys().cloned().collect::<Vec<_>>(),
+        vec![tp(&topic, 1)]
+    );
+
+    // A partition the query read before and the cluster no longer has.
+    let planned = PartitionOffsets::from([(tp(&topic, 1), off(0)), (tp(&topic, 7), off(3))]);
+    let losses = classify_batch(&planned, &current);
+    assert!(
+        matches!(losses.as_slice(), [DataLoss::PartitionGone { .. }]),
+        "{losses:?}"
+    );
+    assert!(
+        losses[0]
+            .to_string()
+            .starts_with(&format!("{topic}-7: the partition no longer exists"))
+    );
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_new_partition_whose_records_were_purged_is_data_loss() {
+    let topic = sluice_tests::unique_name("newpurged");
+    create_topic(&topic, 1).await;
+    let mut source = source(subscribe(&topic));
+    let before = source.partitions().await.unwrap();
+    admin()
+        .create_partitions(&[NewPartitions::new(&topic, 2)], &AdminOptions::new())
+        .await
+        .unwrap()
+        .into_iter()
+        .for_each(|r| r.map(|_| ()).unwrap());
+    produce(&producer(), &topic, &numbered(1, "v", 10)).await;
+    delete_records_before(&topic, 1, 6).await;
+
+    let planned: PartitionOffsets = before.keys().map(|tp| (tp.clone(), off(0))).collect();
+    let losses = classify_batch(&planned, &source.partitions().await.unwrap());
+    assert_eq!(
+        losses,
+        vec![DataLoss::NewPartitionNotAtZero {
+            topic_partition: tp(&topic, 1),
+            earliest_available: off(6)
+        }]
+    );
+    println!(
+        "new partition:\n{}",
+        KafkaSourceError::DataLoss(losses.clone())
+    );
+    assert_eq!(losses[0].lost_offsets(), 6);
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_read_that_stalls_names_the_partition_and_what_was_read() {
+    let topic = sluice_tests::unique_name("stall");
+    create_topic(&topic, 1).await;
+    produce(&producer(), &topic, &numbered(0, "v", 10)).await;
+    let mut config = subscribe(&topic);
+    config.poll_timeout = Duration::from_secs(2);
+    // The plan asks for offsets that were never written.
+    let err = source(config)
+        .read(&[range(&topic, 0, 5, 20)])
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "reading {topic}-0 [5, 20) made no progress for 2000 ms: offsets before 10 were \
+             read, [10, 20) are still owed"
+        )),
+        "{message}"
+    );
     delete_topic(&topic).await;
 }
