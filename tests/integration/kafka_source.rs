@@ -540,6 +540,10 @@ async fn assigned_partitions_only_and_missing_ones_are_reported_gone() {
         matches!(losses.as_slice(), [DataLoss::PartitionGone { .. }]),
         "{losses:?}"
     );
+    println!(
+        "partition gone:\n{}",
+        KafkaSourceError::DataLoss(losses.clone())
+    );
     assert!(
         losses[0]
             .to_string()
