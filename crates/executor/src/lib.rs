@@ -1,5 +1,34 @@
 //! The micro-batch engine of Sluice: triggers, planning, the write-ahead of each
 //! batch plan, processing, commit and progress reporting.
 //!
-//! It drives batches through the traits of `sluice-offsets` and never names a
-//! concrete source, store or sink.
+//! It drives batches through the traits of `sluice-offsets` ([`Source`],
+//! [`OffsetStore`], [`Sink`]) and never names a concrete source, store or sink.
+//! Each batch runs in this order:
+//!
+//! 1. discover partitions and latest offsets;
+//! 2. plan ranges, within the rate limits;
+//! 3. classify data loss and apply `fail_on_data_loss`;
+//! 4. write the plan durably;
+//! 5. read the records;
+//! 6. hand them to the sink with the batch id;
+//! 7. write the commit (and, optionally, progress to the consumer group);
+//! 8. purge old entries.
+//!
+//! On start, a planned but uncommitted batch is replayed first with its stored
+//! ranges and batch id, so a [`Sink`] that replaces its output per batch id is
+//! exactly once.
+//!
+//! [`Source`]: sluice_offsets::Source
+//! [`OffsetStore`]: sluice_offsets::OffsetStore
+//! [`Sink`]: sluice_offsets::Sink
+
+mod error;
+mod progress;
+mod query;
+pub mod sinks;
+mod trigger;
+
+pub use error::{BoxError, ExecutorError};
+pub use progress::{DurationMs, QueryProgress, SinkProgress, SourceProgress};
+pub use query::{IDLE_POLL, Query, QueryOptions, RunSummary};
+pub use trigger::Trigger;

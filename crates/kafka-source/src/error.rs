@@ -70,7 +70,7 @@ pub enum KafkaSourceError {
         group: String,
     },
     /// Offsets a batch needs are gone and `fail_on_data_loss` is set.
-    #[error("{}", describe_data_loss(.0))]
+    #[error("{}", sluice_offsets::data_loss_report(.0))]
     DataLoss(Vec<DataLoss>),
     /// A read made no progress for `poll_timeout` while records were still owed.
     #[error(
@@ -102,21 +102,4 @@ pub enum KafkaSourceError {
     /// The blocking Kafka task did not finish.
     #[error("Kafka I/O task failed: {0}")]
     Task(String),
-}
-
-fn describe_data_loss(losses: &[DataLoss]) -> String {
-    let mut text = format!(
-        "data loss in {} partition{} and fail_on_data_loss is true, so the query stops:",
-        losses.len(),
-        if losses.len() == 1 { "" } else { "s" }
-    );
-    for loss in losses {
-        text.push_str("\n  ");
-        text.push_str(&loss.to_string());
-    }
-    text.push_str(
-        "\nTo skip ahead to the earliest available offsets and report the loss instead, set \
-         fail_on_data_loss = false.",
-    );
-    text
 }

@@ -236,6 +236,25 @@ pub fn classify_batch(
         .collect()
 }
 
+/// The message a query stops with when `fail_on_data_loss` is set: every lost
+/// partition on its own line, and how to go on instead.
+pub fn data_loss_report(losses: &[DataLoss]) -> String {
+    let mut text = format!(
+        "data loss in {} partition{} and fail_on_data_loss is true, so the query stops:",
+        losses.len(),
+        if losses.len() == 1 { "" } else { "s" }
+    );
+    for loss in losses {
+        text.push_str("\n  ");
+        text.push_str(&loss.to_string());
+    }
+    text.push_str(
+        "\nTo skip ahead to the earliest available offsets and report the loss instead, set \
+         fail_on_data_loss = false.",
+    );
+    text
+}
+
 /// What `fail_on_data_loss` decides for the losses of one batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DataLossDecision {

@@ -30,7 +30,7 @@ mod store;
 pub use batch::{BatchCommit, BatchId, BatchMetadata, BatchPlan, PlanError};
 pub use data_loss::{
     DataLoss, DataLossDecision, Watermarks, apply_data_loss_policy, classify_batch,
-    classify_data_loss,
+    classify_data_loss, data_loss_report,
 };
 pub use json::{
     OffsetJsonError, offsets_from_json, offsets_to_json, values_from_json, values_to_json,
@@ -40,7 +40,7 @@ pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
 pub use recovery::{
     DEFAULT_MIN_BATCHES_TO_RETAIN, Inconsistency, Log, Recovery, decide_recovery, purge_threshold,
 };
-pub use source::{Header, PartitionRecords, ReadBatch, Record, Source, TimestampType};
+pub use source::{Header, PartitionRecords, ReadBatch, Record, Sink, Source, TimestampType};
 pub use starting::{
     MissingCommitted, SpecificOffset, StartingOffsets, StartingOffsetsError, StartingOptions,
     TimestampFallback, parse_starting_offsets,

@@ -106,3 +106,24 @@ pub trait Source: Send {
         offsets: &PartitionOffsets,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
+
+/// Where a batch's records go: a file per batch, a table, a topic, or a user's
+/// own processing.
+///
+/// Contract: the executor calls `write_batch` once per batch, after the batch's
+/// plan is durable and before its commit. After a crash, a batch that was planned
+/// but not committed is written again with the **same batch id, the same ranges
+/// and the same records**. A sink that replaces its output per batch id (a file
+/// named by the id, upserts keyed by topic, partition and offset) is therefore
+/// exactly once; one that appends is at least once.
+pub trait Sink: Send {
+    /// What can go wrong.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Delivers one batch. Returns once the records are durable in the sink.
+    fn write_batch(
+        &mut self,
+        batch: crate::BatchId,
+        records: &ReadBatch,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}

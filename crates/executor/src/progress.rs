@@ -1,0 +1,136 @@
+//! What each batch reports, with the fields of Spark's `StreamingQueryProgress`.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+use sluice_offsets::{DataLoss, PartitionOffsets, offsets_to_json};
+
+/// One batch's progress, serialised as Spark serialises its progress events.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QueryProgress {
+    /// The query id, stable across restarts (the checkpoint's id).
+    pub id: String,
+    /// This run's id, new at every start.
+    pub run_id: String,
+    /// The query's name, if it has one.
+    pub name: Option<String>,
+    /// When the trigger started, RFC 3339 in UTC with milliseconds.
+    pub timestamp: String,
+    /// The batch.
+    pub batch_id: u64,
+    /// Records read in the batch.
+    pub num_input_rows: u64,
+    /// Records per second since the previous trigger started.
+    pub input_rows_per_second: f64,
+    /// Records per second over this batch's execution.
+    pub processed_rows_per_second: f64,
+    /// Milliseconds spent in each phase.
+    pub duration_ms: DurationMs,
+    /// The one source.
+    pub sources: Vec<SourceProgress>,
+    /// The sink.
+    pub sink: SinkProgress,
+}
+
+/// Milliseconds per phase of a batch, named as Spark names them.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DurationMs {
+    /// Discovering partitions and latest offsets.
+    pub latest_offset: u64,
+    /// Writing the plan durably.
+    pub wal_commit: u64,
+    /// Reading the records.
+    pub get_batch: u64,
+    /// Handing them to the sink.
+    pub add_batch: u64,
+    /// Writing the commit (and progress to the consumer group).
+    pub commit_offsets: u64,
+    /// The whole trigger.
+    pub trigger_execution: u64,
+}
+
+/// The source's part of a progress report.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceProgress {
+    /// What the source reads, e.g. `KafkaV2[Subscribe[events]]`.
+    pub description: String,
+    /// Where the batch started, as Spark's offset JSON.
+    pub start_offset: Value,
+    /// Where it ended.
+    pub end_offset: Value,
+    /// The latest offsets seen when planning.
+    pub latest_offset: Value,
+    /// Records read.
+    pub num_input_rows: u64,
+    /// As in [`QueryProgress`].
+    pub input_rows_per_second: f64,
+    /// As in [`QueryProgress`].
+    pub processed_rows_per_second: f64,
+    /// Lag and data-loss figures; strings, as Spark writes them.
+    pub metrics: BTreeMap<String, String>,
+}
+
+/// The sink's part of a progress report.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SinkProgress {
+    /// What the sink is.
+    pub description: String,
+}
+
+/// Offsets as a JSON value in Spark's shape.
+pub(crate) fn offsets_value(offsets: &PartitionOffsets) -> Value {
+    serde_json::from_str(&offsets_to_json(offsets)).unwrap_or(Value::Null)
+}
+
+/// Spark's Kafka lag metrics, plus the offsets lost to tolerated data loss.
+pub(crate) fn source_metrics(
+    end: &PartitionOffsets,
+    latest: &PartitionOffsets,
+    losses: &[DataLoss],
+) -> BTreeMap<String, String> {
+    let behind: Vec<u64> = end
+        .iter()
+        .map(|(tp, offset)| latest.get(tp).map_or(0, |l| offset.distance_to(*l)))
+        .collect();
+    let mut metrics = BTreeMap::new();
+    if !behind.is_empty() {
+        let sum: u64 = behind.iter().sum();
+        metrics.insert(
+            "minOffsetsBehindLatest".to_owned(),
+            behind.iter().min().copied().unwrap_or(0).to_string(),
+        );
+        metrics.insert(
+            "maxOffsetsBehindLatest".to_owned(),
+            behind.iter().max().copied().unwrap_or(0).to_string(),
+        );
+        metrics.insert(
+            "avgOffsetsBehindLatest".to_owned(),
+            format!("{:.1}", sum as f64 / behind.len() as f64),
+        );
+    }
+    let lost: u64 = losses.iter().map(DataLoss::lost_offsets).sum();
+    metrics.insert("dataLossOffsets".to_owned(), lost.to_string());
+    if !losses.is_empty() {
+        metrics.insert(
+            "dataLossPartitions".to_owned(),
+            losses
+                .iter()
+                .map(|l| l.topic_partition().to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+    }
+    metrics
+}
+
+impl QueryProgress {
+    /// The report as one line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}

@@ -1,0 +1,478 @@
+//! The micro-batch loop.
+
+use std::num::NonZeroU64;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sluice_offsets::{
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, DataLoss, DataLossDecision,
+    MinOffsetsPerTrigger, OffsetStore, PartitionOffsets, Recovery, Sink, Source, StartingOffsets,
+    apply_data_loss_policy, classify_batch, purge_threshold, rate_limit, should_run_batch,
+};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use crate::progress::{
+    DurationMs, QueryProgress, SinkProgress, SourceProgress, offsets_value, source_metrics,
+};
+use crate::{ExecutorError, Trigger};
+
+/// How long a query with `ProcessingTime(0)` waits before it looks for new data
+/// again when there was none.
+pub const IDLE_POLL: Duration = Duration::from_millis(100);
+
+/// What a query does, apart from where it reads, stores and writes.
+#[derive(Clone, Debug)]
+pub struct QueryOptions {
+    /// A name for progress reports and logs.
+    pub name: Option<String>,
+    /// When batches run.
+    pub trigger: Trigger,
+    /// Where a fresh query starts.
+    pub starting: StartingOffsets,
+    /// The most offsets one batch reads, over all partitions.
+    pub max_offsets_per_trigger: Option<NonZeroU64>,
+    /// Wait for this many new offsets, but no longer than its delay.
+    pub min_offsets_per_trigger: Option<MinOffsetsPerTrigger>,
+    /// Stop when offsets are lost (true), or skip ahead and report (false).
+    pub fail_on_data_loss: bool,
+    /// How many batches the offset store keeps.
+    pub min_batches_to_retain: u64,
+    /// The source, as progress reports describe it.
+    pub source_description: String,
+    /// The sink, as progress reports describe it.
+    pub sink_description: String,
+}
+
+impl Default for QueryOptions {
+    fn default() -> Self {
+        QueryOptions {
+            name: None,
+            trigger: Trigger::default(),
+            starting: StartingOffsets::default(),
+            max_offsets_per_trigger: None,
+            min_offsets_per_trigger: None,
+            fail_on_data_loss: true,
+            min_batches_to_retain: sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN,
+            source_description: "source".to_owned(),
+            sink_description: "sink".to_owned(),
+        }
+    }
+}
+
+/// What a run did before it stopped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Batches committed, replays included.
+    pub batches: u64,
+    /// Records handed to the sink.
+    pub records: u64,
+    /// Offsets lost to tolerated data loss.
+    pub lost_offsets: u64,
+    /// The newest committed batch.
+    pub last_committed: Option<BatchId>,
+}
+
+/// A streaming query: a source, an offset store and a sink, driven batch by batch.
+pub struct Query<Src, Store, Snk> {
+    options: QueryOptions,
+    query_id: String,
+    run_id: String,
+    source: Src,
+    store: Store,
+    sink: Snk,
+    last_trigger: Option<Instant>,
+}
+
+/// A batch ready to execute, with the phases timed so far.
+struct Planned {
+    plan: BatchPlan,
+    /// A replay's plan is already stored, and is not written again.
+    replay: bool,
+    latest: PartitionOffsets,
+    losses: Vec<DataLoss>,
+    durations: DurationMs,
+    trigger_start: Instant,
+    timestamp: SystemTime,
+}
+
+impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
+    /// A query with the id its offset store holds.
+    pub fn new(
+        options: QueryOptions,
+        query_id: String,
+        source: Src,
+        store: Store,
+        sink: Snk,
+    ) -> Self {
+        Query {
+            options,
+            query_id,
+            run_id: uuid::Uuid::new_v4().to_string(),
+            source,
+            store,
+            sink,
+            last_trigger: None,
+        }
+    }
+
+    /// This run's id.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Runs batches until the trigger is done or `stop` turns true. A batch in
+    /// flight when `stop` turns true is finished first; one that is cut short by the
+    /// process ending is replayed on the next start, because its plan is durable.
+    pub async fn run(
+        &mut self,
+        mut stop: watch::Receiver<bool>,
+        mut on_progress: impl FnMut(&QueryProgress) + Send,
+    ) -> Result<RunSummary, ExecutorError> {
+        let mut summary = RunSummary::default();
+        let stored = self
+            .store
+            .load()
+            .await
+            .map_err(|e| ExecutorError::Store(Box::new(e)))?;
+        let recovery = stored
+            .recovery()
+            .map_err(|inconsistency| ExecutorError::Inconsistent {
+                entries: inconsistency
+                    .entries()
+                    .into_iter()
+                    .map(|(log, batch)| self.store.describe(log, batch))
+                    .collect(),
+                inconsistency,
+            })?;
+        summary.last_committed = stored.latest_commit.as_ref().map(|c| c.id);
+
+        let (mut next_batch, mut start) = match recovery {
+            Recovery::StartFresh => (BatchId::FIRST, stored.initial_offsets.clone()),
+            Recovery::RunNext { next, .. } => {
+                let end = stored.latest_plan.as_ref().map(BatchPlan::end_offsets);
+                (next, end)
+            }
+            Recovery::Replay { batch } => {
+                let plan = stored
+                    .latest_plan
+                    .clone()
+                    .ok_or_else(|| ExecutorError::Plan {
+                        batch: batch.0,
+                        reason: "the plan to replay could not be loaded".to_owned(),
+                    })?;
+                tracing::info!(
+                    batch = batch.0,
+                    "replaying the planned but uncommitted batch with its recorded ranges"
+                );
+                let end = plan.end_offsets();
+                let planned = Planned {
+                    latest: end.clone(),
+                    plan,
+                    replay: true,
+                    losses: Vec::new(),
+                    durations: DurationMs::default(),
+                    trigger_start: Instant::now(),
+                    timestamp: SystemTime::now(),
+                };
+                self.execute(planned, &mut summary, &mut on_progress)
+                    .await?;
+                (batch.next(), Some(end))
+            }
+        };
+
+        let mut available_now_target: Option<PartitionOffsets> = None;
+        let mut last_batch_at = Instant::now();
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let trigger_start = Instant::now();
+            let timestamp = SystemTime::now();
+
+            let partitions = self
+                .source
+                .partitions()
+                .await
+                .map_err(|e| ExecutorError::Source(Box::new(e)))?;
+            let mut from = match start.take() {
+                Some(from) => from,
+                None => self
+                    .source
+                    .starting_offsets(&self.options.starting, &partitions)
+                    .await
+                    .map_err(|e| ExecutorError::Source(Box::new(e)))?,
+            };
+            let losses = classify_batch(&from, &partitions);
+            let losses =
+                match apply_data_loss_policy(&mut from, losses, self.options.fail_on_data_loss) {
+                    DataLossDecision::None => Vec::new(),
+                    DataLossDecision::Fail(losses) => return Err(ExecutorError::DataLoss(losses)),
+                    DataLossDecision::Skip(losses) => {
+                        for loss in &losses {
+                            tracing::warn!(
+                                lost_offsets = loss.lost_offsets(),
+                                "{loss}; skipping ahead because fail_on_data_loss is false"
+                            );
+                        }
+                        losses
+                    }
+                };
+            // New partitions start at their first offset (0 unless that was lost,
+            // which the classification above has already handled).
+            for (tp, marks) in &partitions {
+                from.entry(tp.clone()).or_insert(marks.low);
+            }
+            let latest: PartitionOffsets = partitions
+                .iter()
+                .map(|(tp, m)| (tp.clone(), m.high))
+                .collect();
+            let reachable = match self.options.trigger {
+                Trigger::AvailableNow => {
+                    let target = available_now_target.get_or_insert_with(|| latest.clone());
+                    from.iter()
+                        .map(|(tp, f)| {
+                            let cap = target.get(tp).copied().unwrap_or(*f);
+                            let l = latest.get(tp).copied().unwrap_or(*f);
+                            (tp.clone(), cap.min(l).max(*f))
+                        })
+                        .collect()
+                }
+                _ => latest.clone(),
+            };
+            let budget = match self.options.trigger {
+                Trigger::Once => None,
+                _ => self.options.max_offsets_per_trigger,
+            };
+            let end = rate_limit(&from, &reachable, budget);
+            let available: u64 = from
+                .iter()
+                .map(|(tp, f)| reachable.get(tp).map_or(0, |r| f.distance_to(*r)))
+                .sum();
+            let latest_offset_ms = millis(trigger_start.elapsed());
+
+            let since_last = millis(last_batch_at.elapsed());
+            if available == 0
+                || !should_run_batch(available, self.options.min_offsets_per_trigger, since_last)
+            {
+                start = Some(from);
+                if available == 0 && self.options.trigger.stops_when_caught_up() {
+                    break;
+                }
+                if wait_for_next_trigger(self.options.trigger, trigger_start, true, &mut stop).await
+                {
+                    break;
+                }
+                continue;
+            }
+
+            let metadata = BatchMetadata {
+                watermark_ms: 0,
+                timestamp_ms: epoch_ms(timestamp),
+                conf: Default::default(),
+            };
+            let plan = BatchPlan::from_offsets(next_batch, &from, &end, metadata).map_err(|e| {
+                ExecutorError::Plan {
+                    batch: next_batch.0,
+                    reason: e.to_string(),
+                }
+            })?;
+            let planned = Planned {
+                plan,
+                replay: false,
+                latest,
+                losses,
+                durations: DurationMs {
+                    latest_offset: latest_offset_ms,
+                    ..DurationMs::default()
+                },
+                trigger_start,
+                timestamp,
+            };
+            self.execute(planned, &mut summary, &mut on_progress)
+                .await?;
+            last_batch_at = Instant::now();
+            start = Some(end);
+            next_batch = next_batch.next();
+
+            if self.options.trigger == Trigger::Once {
+                break;
+            }
+            if wait_for_next_trigger(self.options.trigger, trigger_start, false, &mut stop).await {
+                break;
+            }
+        }
+        Ok(summary)
+    }
+
+    /// Writes the plan (unless it is a replay), reads, hands the records to the
+    /// sink, commits, and reports progress.
+    async fn execute(
+        &mut self,
+        mut planned: Planned,
+        summary: &mut RunSummary,
+        on_progress: &mut (impl FnMut(&QueryProgress) + Send),
+    ) -> Result<(), ExecutorError> {
+        let batch = planned.plan.id();
+        let span = tracing::info_span!("batch", id = batch.0);
+        async {
+            let t = Instant::now();
+            // The write-ahead: nothing of the batch is read before its plan is durable.
+            if !planned.replay {
+                self.store
+                    .write_plan(&planned.plan)
+                    .await
+                    .map_err(|e| ExecutorError::Store(Box::new(e)))?;
+            }
+            planned.durations.wal_commit = millis(t.elapsed());
+
+            let t = Instant::now();
+            let records = self
+                .source
+                .read(planned.plan.ranges())
+                .await
+                .map_err(|e| ExecutorError::Source(Box::new(e)))?;
+            planned.durations.get_batch = millis(t.elapsed());
+            for loss in &records.data_loss {
+                tracing::warn!(
+                    lost_offsets = loss.lost_offsets(),
+                    "{loss}; skipped while reading because fail_on_data_loss is false"
+                );
+            }
+            planned.losses.extend(records.data_loss.iter().cloned());
+
+            let t = Instant::now();
+            self.sink
+                .write_batch(batch, &records)
+                .await
+                .map_err(|e| ExecutorError::Sink(Box::new(e)))?;
+            planned.durations.add_batch = millis(t.elapsed());
+
+            let t = Instant::now();
+            let commit = BatchCommit {
+                id: batch,
+                next_watermark_ms: 0,
+            };
+            self.store
+                .write_commit(&commit)
+                .await
+                .map_err(|e| ExecutorError::Store(Box::new(e)))?;
+            let end = planned.plan.end_offsets();
+            if let Err(e) = self.source.commit_progress(&end).await {
+                // Only lag monitors read the group's offsets; the store holds the truth.
+                tracing::warn!(error = %e, "committing progress to the consumer group failed");
+            }
+            if let Some(keep_from) = purge_threshold(batch, self.options.min_batches_to_retain) {
+                self.store
+                    .purge(keep_from)
+                    .await
+                    .map_err(|e| ExecutorError::Store(Box::new(e)))?;
+            }
+            planned.durations.commit_offsets = millis(t.elapsed());
+            planned.durations.trigger_execution = millis(planned.trigger_start.elapsed());
+
+            let rows = records.record_count() as u64;
+            let progress = self.progress(&planned, rows, &end);
+            tracing::info!(
+                batch = batch.0,
+                rows,
+                duration_ms = planned.durations.trigger_execution,
+                "{}",
+                progress.to_json()
+            );
+            on_progress(&progress);
+            summary.batches += 1;
+            summary.records += rows;
+            summary.lost_offsets += planned
+                .losses
+                .iter()
+                .map(DataLoss::lost_offsets)
+                .sum::<u64>();
+            summary.last_committed = Some(batch);
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn progress(&mut self, planned: &Planned, rows: u64, end: &PartitionOffsets) -> QueryProgress {
+        let execution = planned.durations.trigger_execution.max(1) as f64 / 1000.0;
+        let since_last = self
+            .last_trigger
+            .map(|t| planned.trigger_start.duration_since(t).as_secs_f64())
+            .filter(|s| *s > 0.0);
+        self.last_trigger = Some(planned.trigger_start);
+        let input_rate = since_last.map_or(0.0, |s| rows as f64 / s);
+        let processed_rate = rows as f64 / execution;
+        QueryProgress {
+            id: self.query_id.clone(),
+            run_id: self.run_id.clone(),
+            name: self.options.name.clone(),
+            timestamp: humantime::format_rfc3339_millis(planned.timestamp).to_string(),
+            batch_id: planned.plan.id().0,
+            num_input_rows: rows,
+            input_rows_per_second: input_rate,
+            processed_rows_per_second: processed_rate,
+            duration_ms: planned.durations.clone(),
+            sources: vec![SourceProgress {
+                description: self.options.source_description.clone(),
+                start_offset: offsets_value(&planned.plan.start_offsets()),
+                end_offset: offsets_value(end),
+                latest_offset: offsets_value(&planned.latest),
+                num_input_rows: rows,
+                input_rows_per_second: input_rate,
+                processed_rows_per_second: processed_rate,
+                metrics: source_metrics(end, &planned.latest, &planned.losses),
+            }],
+            sink: SinkProgress {
+                description: self.options.sink_description.clone(),
+            },
+        }
+    }
+}
+
+/// Waits for the next trigger. Returns true when the query should stop.
+async fn wait_for_next_trigger(
+    trigger: Trigger,
+    trigger_start: Instant,
+    idle: bool,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let wait = match trigger {
+        Trigger::ProcessingTime(interval) if interval.is_zero() => {
+            if idle {
+                IDLE_POLL
+            } else {
+                return *stop.borrow();
+            }
+        }
+        Trigger::ProcessingTime(interval) => interval.saturating_sub(trigger_start.elapsed()),
+        // Catching up runs batches back to back.
+        Trigger::AvailableNow | Trigger::Once => return *stop.borrow(),
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if *stop.borrow() {
+            return true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return *stop.borrow(),
+            changed = stop.changed() => {
+                if changed.is_err() {
+                    // Nobody can ask for a stop any more: just wait.
+                    tokio::time::sleep_until(deadline).await;
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn epoch_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

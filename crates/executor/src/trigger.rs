@@ -1,0 +1,28 @@
+//! When batches run, with Spark's three micro-batch triggers.
+
+use std::time::Duration;
+
+/// When the query runs its batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// A batch every `interval`, if there is new data. Zero runs batches back to
+    /// back; a batch that overruns its interval starts the next one at once.
+    ProcessingTime(Duration),
+    /// Process what exists when the query starts, in rate-limited batches, then stop.
+    AvailableNow,
+    /// One batch with everything available, then stop.
+    Once,
+}
+
+impl Default for Trigger {
+    fn default() -> Self {
+        Trigger::ProcessingTime(Duration::ZERO)
+    }
+}
+
+impl Trigger {
+    /// Whether the query stops once it has caught up.
+    pub fn stops_when_caught_up(self) -> bool {
+        !matches!(self, Trigger::ProcessingTime(_))
+    }
+}

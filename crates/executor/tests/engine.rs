@@ -1,0 +1,527 @@
+//! The batch loop against in-memory implementations of the source, store and
+//! sink traits: recovery, triggers, rate limits, data loss and progress.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use sluice_executor::{ExecutorError, Query, QueryOptions, QueryProgress, Trigger};
+use sluice_offsets::{
+    BatchCommit, BatchId, BatchPlan, Log, Offset, OffsetRange, OffsetStore, PartitionOffsets,
+    PartitionRecords, ReadBatch, Record, Sink, Source, StartingOffsets, StoredBatches,
+    TimestampType, TopicPartition, Watermarks,
+};
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct TestError(String);
+
+/// A log per partition: offsets [low, high) hold records valued "<p>-<offset>".
+#[derive(Clone, Default)]
+struct MemSource {
+    logs: Arc<Mutex<BTreeMap<TopicPartition, (i64, i64)>>>,
+}
+
+impl MemSource {
+    fn with(partitions: &[(i32, i64)]) -> Self {
+        let source = MemSource::default();
+        for (p, count) in partitions {
+            source.logs.lock().unwrap().insert(tp(*p), (0, *count));
+        }
+        source
+    }
+
+    fn append(&self, partition: i32, count: i64) {
+        self.logs.lock().unwrap().get_mut(&tp(partition)).unwrap().1 += count;
+    }
+
+    fn purge_before(&self, partition: i32, offset: i64) {
+        self.logs.lock().unwrap().get_mut(&tp(partition)).unwrap().0 = offset;
+    }
+}
+
+impl Source for MemSource {
+    type Error = TestError;
+
+    async fn partitions(&mut self) -> Result<BTreeMap<TopicPartition, Watermarks>, TestError> {
+        Ok(self
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(tp, (low, high))| {
+                (
+                    tp.clone(),
+                    Watermarks {
+                        low: off(*low),
+                        high: off(*high),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    async fn starting_offsets(
+        &mut self,
+        starting: &StartingOffsets,
+        partitions: &BTreeMap<TopicPartition, Watermarks>,
+    ) -> Result<PartitionOffsets, TestError> {
+        Ok(partitions
+            .iter()
+            .map(|(tp, w)| {
+                let at = match starting {
+                    StartingOffsets::Latest => w.high,
+                    _ => w.low,
+                };
+                (tp.clone(), at)
+            })
+            .collect())
+    }
+
+    async fn read(&mut self, ranges: &[OffsetRange]) -> Result<ReadBatch, TestError> {
+        let logs = self.logs.lock().unwrap();
+        let mut batch = ReadBatch::default();
+        for range in ranges {
+            let (low, _) = logs[&range.topic_partition];
+            if range.from.value() < low {
+                return Err(TestError(format!("{} purged", range.topic_partition)));
+            }
+            let records = (range.from.value()..range.until.value())
+                .map(|o| Record {
+                    topic: Arc::from(range.topic_partition.topic.as_str()),
+                    partition: range.topic_partition.partition,
+                    offset: off(o),
+                    timestamp_ms: Some(o),
+                    timestamp_type: TimestampType::CreateTime,
+                    key: None,
+                    value: Some(format!("{}-{o}", range.topic_partition.partition).into_bytes()),
+                    headers: Vec::new(),
+                })
+                .collect();
+            batch.partitions.push(PartitionRecords {
+                range: range.clone(),
+                records,
+            });
+        }
+        Ok(batch)
+    }
+
+    async fn commit_progress(&mut self, _: &PartitionOffsets) -> Result<(), TestError> {
+        Ok(())
+    }
+}
+
+#[derive(Clone, Default)]
+struct MemStore {
+    plans: Arc<Mutex<BTreeMap<BatchId, BatchPlan>>>,
+    commits: Arc<Mutex<BTreeMap<BatchId, BatchCommit>>>,
+}
+
+impl OffsetStore for MemStore {
+    type Error = TestError;
+
+    async fn load(&mut self) -> Result<StoredBatches, TestError> {
+        let plans = self.plans.lock().unwrap();
+        let commits = self.commits.lock().unwrap();
+        Ok(StoredBatches {
+            planned: plans.keys().copied().collect(),
+            committed: commits.keys().copied().collect(),
+            latest_plan: plans.values().last().cloned(),
+            latest_commit: commits.values().last().cloned(),
+            initial_offsets: None,
+        })
+    }
+
+    async fn write_plan(&mut self, plan: &BatchPlan) -> Result<(), TestError> {
+        let mut plans = self.plans.lock().unwrap();
+        if plans.contains_key(&plan.id()) {
+            return Err(TestError(format!("plan {} exists", plan.id())));
+        }
+        plans.insert(plan.id(), plan.clone());
+        Ok(())
+    }
+
+    async fn write_commit(&mut self, commit: &BatchCommit) -> Result<(), TestError> {
+        self.commits
+            .lock()
+            .unwrap()
+            .insert(commit.id, commit.clone());
+        Ok(())
+    }
+
+    async fn purge(&mut self, keep_from: BatchId) -> Result<(), TestError> {
+        self.plans.lock().unwrap().retain(|id, _| *id >= keep_from);
+        self.commits
+            .lock()
+            .unwrap()
+            .retain(|id, _| *id >= keep_from);
+        Ok(())
+    }
+
+    fn describe(&self, log: Log, batch: BatchId) -> String {
+        format!("{log} {batch}")
+    }
+}
+
+/// One delivered batch: its id, its ranges and its record values.
+type Delivered = (BatchId, Vec<OffsetRange>, Vec<String>);
+
+/// Collects what it is given; can be told to fail on one batch.
+#[derive(Clone, Default)]
+struct MemSink {
+    batches: Arc<Mutex<Vec<Delivered>>>,
+    fail_on: Option<BatchId>,
+}
+
+impl MemSink {
+    fn values(&self) -> Vec<String> {
+        self.batches
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|b| b.2.clone())
+            .collect()
+    }
+}
+
+impl Sink for MemSink {
+    type Error = TestError;
+
+    async fn write_batch(&mut self, batch: BatchId, records: &ReadBatch) -> Result<(), TestError> {
+        if self.fail_on == Some(batch) {
+            return Err(TestError(format!("sink down at batch {batch}")));
+        }
+        let ranges = records.partitions.iter().map(|p| p.range.clone()).collect();
+        let values = records
+            .partitions
+            .iter()
+            .flat_map(|p| &p.records)
+            .map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap())
+            .collect();
+        self.batches.lock().unwrap().push((batch, ranges, values));
+        Ok(())
+    }
+}
+
+fn tp(p: i32) -> TopicPartition {
+    TopicPartition::new("events", p)
+}
+
+fn off(v: i64) -> Offset {
+    Offset::new(v).unwrap()
+}
+
+fn options(trigger: Trigger, max: Option<u64>) -> QueryOptions {
+    QueryOptions {
+        trigger,
+        starting: StartingOffsets::Earliest,
+        max_offsets_per_trigger: max.and_then(std::num::NonZeroU64::new),
+        ..QueryOptions::default()
+    }
+}
+
+fn never_stop() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    std::mem::forget(tx);
+    rx
+}
+
+fn all_values(partitions: &[(i32, i64)]) -> Vec<String> {
+    let mut values: Vec<String> = partitions
+        .iter()
+        .flat_map(|(p, n)| (0..*n).map(move |o| format!("{p}-{o}")))
+        .collect();
+    values.sort();
+    values
+}
+
+fn sorted(mut values: Vec<String>) -> Vec<String> {
+    values.sort();
+    values
+}
+
+#[tokio::test]
+async fn available_now_reads_everything_in_rate_limited_batches_then_stops() {
+    let source = MemSource::with(&[(0, 100), (1, 50), (2, 0), (3, 30)]);
+    let (store, sink) = (MemStore::default(), MemSink::default());
+    let mut query = Query::new(
+        options(Trigger::AvailableNow, Some(40)),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        sink.clone(),
+    );
+    let mut progress = Vec::new();
+    let summary = query
+        .run(never_stop(), |p: &QueryProgress| progress.push(p.clone()))
+        .await
+        .unwrap();
+
+    assert_eq!(summary.records, 180);
+    assert_eq!(summary.batches, 5, "180 offsets at 40 per batch");
+    assert_eq!(
+        sorted(sink.values()),
+        all_values(&[(0, 100), (1, 50), (3, 30)])
+    );
+    assert!(progress.iter().all(|p| p.num_input_rows <= 40));
+    assert_eq!(store.commits.lock().unwrap().len(), 5);
+
+    // Nothing new: a second run plans nothing.
+    let mut again = Query::new(
+        options(Trigger::AvailableNow, Some(40)),
+        "q".into(),
+        source,
+        store.clone(),
+        sink.clone(),
+    );
+    let summary = again.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!(summary.batches, 0);
+    assert_eq!(
+        store.plans.lock().unwrap().len(),
+        5,
+        "no plan without new data"
+    );
+}
+
+#[tokio::test]
+async fn replays_an_uncommitted_batch_with_the_same_id_and_ranges() {
+    let source = MemSource::with(&[(0, 30), (1, 30)]);
+    let store = MemStore::default();
+    let failing = MemSink {
+        fail_on: Some(BatchId(1)),
+        ..MemSink::default()
+    };
+    let mut query = Query::new(
+        options(Trigger::AvailableNow, Some(20)),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        failing.clone(),
+    );
+    let err = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert!(matches!(err, ExecutorError::Sink(_)), "{err}");
+    let planned = store.plans.lock().unwrap()[&BatchId(1)].clone();
+    assert!(!store.commits.lock().unwrap().contains_key(&BatchId(1)));
+
+    // More data arrives before the restart; the replay must not take any of it.
+    source.append(0, 10);
+    let sink = MemSink::default();
+    let mut restarted = Query::new(
+        options(Trigger::AvailableNow, Some(20)),
+        "q".into(),
+        source,
+        store.clone(),
+        sink.clone(),
+    );
+    restarted.run(never_stop(), |_| {}).await.unwrap();
+    let first = sink.batches.lock().unwrap()[0].clone();
+    assert_eq!(first.0, BatchId(1));
+    assert_eq!(
+        first.1,
+        planned.ranges().to_vec(),
+        "identical ranges on replay"
+    );
+    let mut everything = failing.values();
+    everything.extend(sink.values());
+    assert_eq!(
+        sorted(everything),
+        all_values(&[(0, 40), (1, 30)]),
+        "each record exactly once"
+    );
+}
+
+#[tokio::test]
+async fn once_reads_everything_in_one_batch_ignoring_the_rate_limit() {
+    let source = MemSource::with(&[(0, 100), (1, 100)]);
+    let sink = MemSink::default();
+    let mut query = Query::new(
+        options(Trigger::Once, Some(10)),
+        "q".into(),
+        source,
+        MemStore::default(),
+        sink.clone(),
+    );
+    let summary = query.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!((summary.batches, summary.records), (1, 200));
+}
+
+#[tokio::test]
+async fn processing_time_runs_new_data_as_it_arrives_and_stops_on_request() {
+    let source = MemSource::with(&[(0, 5)]);
+    let store = MemStore::default();
+    let sink = MemSink::default();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut query = Query::new(
+        options(
+            Trigger::ProcessingTime(std::time::Duration::from_millis(20)),
+            None,
+        ),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        sink.clone(),
+    );
+    let feeder = {
+        let source = source.clone();
+        let sink = sink.clone();
+        tokio::spawn(async move {
+            while sink.values().len() < 5 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            source.append(0, 7);
+            while sink.values().len() < 12 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            // Idle triggers with no data must not plan anything.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            stop_tx.send(true).unwrap();
+        })
+    };
+    let summary = query.run(stop_rx, |_| {}).await.unwrap();
+    feeder.await.unwrap();
+    assert_eq!(summary.records, 12);
+    assert_eq!(summary.batches, 2);
+    assert_eq!(store.plans.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn purged_offsets_stop_the_query_or_are_skipped_and_counted() {
+    let source = MemSource::with(&[(0, 10)]);
+    let store = MemStore::default();
+    let mut query = Query::new(
+        options(Trigger::AvailableNow, None),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        MemSink::default(),
+    );
+    query.run(never_stop(), |_| {}).await.unwrap();
+    source.append(0, 20);
+    source.purge_before(0, 25);
+
+    let mut strict = Query::new(
+        options(Trigger::AvailableNow, None),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        MemSink::default(),
+    );
+    let err = strict.run(never_stop(), |_| {}).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("events-0: offsets [10, 25) are lost"),
+        "{err}"
+    );
+    assert_eq!(
+        store.plans.lock().unwrap().len(),
+        1,
+        "nothing planned past the loss"
+    );
+
+    let mut tolerant_options = options(Trigger::AvailableNow, None);
+    tolerant_options.fail_on_data_loss = false;
+    let sink = MemSink::default();
+    let mut tolerant = Query::new(tolerant_options, "q".into(), source, store, sink.clone());
+    let mut progress = Vec::new();
+    let summary = tolerant
+        .run(never_stop(), |p: &QueryProgress| progress.push(p.clone()))
+        .await
+        .unwrap();
+    assert_eq!(summary.lost_offsets, 15);
+    assert_eq!(
+        sink.values(),
+        (25..30).map(|o| format!("0-{o}")).collect::<Vec<_>>()
+    );
+    assert_eq!(progress[0].sources[0].metrics["dataLossOffsets"], "15");
+}
+
+#[tokio::test]
+async fn an_inconsistent_store_is_refused_naming_the_entries() {
+    let store = MemStore::default();
+    store.commits.lock().unwrap().insert(
+        BatchId(0),
+        BatchCommit {
+            id: BatchId(0),
+            next_watermark_ms: 0,
+        },
+    );
+    let mut query = Query::new(
+        options(Trigger::Once, None),
+        "q".into(),
+        MemSource::with(&[(0, 1)]),
+        store,
+        MemSink::default(),
+    );
+    let err = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the offset store is inconsistent: batch 0 has a commit but no plan; look at commit 0"
+    );
+}
+
+#[tokio::test]
+async fn progress_has_sparks_fields() {
+    let source = MemSource::with(&[(0, 10), (1, 4)]);
+    let mut opts = options(Trigger::AvailableNow, Some(8));
+    opts.name = Some("orders".into());
+    opts.source_description = "KafkaV2[Subscribe[events]]".into();
+    let mut query = Query::new(
+        opts,
+        "query-1".into(),
+        source,
+        MemStore::default(),
+        MemSink::default(),
+    );
+    let mut progress = Vec::new();
+    query
+        .run(never_stop(), |p: &QueryProgress| progress.push(p.clone()))
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&progress[0].to_json()).unwrap();
+    for field in [
+        "id",
+        "runId",
+        "name",
+        "timestamp",
+        "batchId",
+        "numInputRows",
+        "inputRowsPerSecond",
+        "processedRowsPerSecond",
+        "durationMs",
+        "sources",
+        "sink",
+    ] {
+        assert!(json.get(field).is_some(), "missing {field} in {json}");
+    }
+    for field in [
+        "latestOffset",
+        "walCommit",
+        "getBatch",
+        "addBatch",
+        "commitOffsets",
+        "triggerExecution",
+    ] {
+        assert!(
+            json["durationMs"].get(field).is_some(),
+            "missing durationMs.{field}"
+        );
+    }
+    let source = &json["sources"][0];
+    assert_eq!(
+        source["startOffset"],
+        serde_json::json!({"events": {"0": 0, "1": 0}})
+    );
+    assert_eq!(
+        source["endOffset"],
+        serde_json::json!({"events": {"0": 6, "1": 2}})
+    );
+    assert_eq!(
+        source["latestOffset"],
+        serde_json::json!({"events": {"0": 10, "1": 4}})
+    );
+    assert_eq!(source["metrics"]["maxOffsetsBehindLatest"], "4");
+    assert_eq!(source["metrics"]["minOffsetsBehindLatest"], "2");
+    assert_eq!(json["id"], "query-1");
+    assert_eq!(json["name"], "orders");
+    assert!(json["timestamp"].as_str().unwrap().ends_with('Z'));
+}
