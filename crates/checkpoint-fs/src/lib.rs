@@ -94,6 +94,29 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
+    /// Reads a checkpoint without taking its lock or changing anything, so that it
+    /// can be inspected while a runner holds it. Every file is written atomically,
+    /// so what is read is always whole. Returns the query id and the stored batches.
+    pub fn inspect(dir: impl AsRef<Path>) -> Result<(String, StoredBatches), CheckpointError> {
+        let dir = dir.as_ref();
+        let metadata = dir.join("metadata");
+        let bytes = read_if_exists(&metadata)?.ok_or_else(|| {
+            damaged(
+                &metadata,
+                "missing: this directory is not a checkpoint (no metadata file)".to_owned(),
+            )
+        })?;
+        let id = format::parse_metadata(&utf8(&metadata, bytes)?)
+            .map_err(|problem| damaged(&metadata, problem))?;
+        let paths = Paths {
+            offsets: dir.join("offsets"),
+            commits: dir.join("commits"),
+            initial: dir.join("sources").join("0").join("0"),
+        };
+        let stored = paths.load()?;
+        Ok((id, stored))
+    }
+
     /// The query id from the `metadata` file.
     pub fn id(&self) -> &str {
         &self.id
@@ -338,7 +361,12 @@ async fn blocking<T: Send + 'static>(
 /// `.crc` checksums, temporary files) are not batches; other names are ignored
 /// with a warning, as Spark ignores them.
 fn list_batches(dir: &Path) -> Result<Vec<BatchId>, CheckpointError> {
-    let entries = fs::read_dir(dir).map_err(CheckpointError::io("listing", dir))?;
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // A checkpoint that Spark created but never planned in has no log yet.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(CheckpointError::io("listing", dir)(e)),
+    };
     let mut batches = BTreeMap::new();
     for entry in entries {
         let entry = entry.map_err(CheckpointError::io("listing", dir))?;

@@ -1,0 +1,448 @@
+//! The TOML configuration of a query. Source options are named as Spark names
+//! them, in snake_case.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU64;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use sluice_executor::Trigger;
+use sluice_kafka_source::{KafkaSourceConfig, TopicSelection};
+use sluice_offsets::{
+    MinOffsetsPerTrigger, StartingOptions, TimestampFallback, TopicPartition,
+    parse_starting_offsets, values_from_json,
+};
+
+/// Overrides `source.bootstrap_servers`.
+pub const BOOTSTRAP_ENV: &str = "SLUICE_BOOTSTRAP_SERVERS";
+/// Overrides `checkpoint.location`.
+pub const CHECKPOINT_ENV: &str = "SLUICE_CHECKPOINT_LOCATION";
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The query's name, for logs and progress.
+    pub name: Option<String>,
+    /// Where records come from.
+    pub source: SourceSection,
+    /// Where offsets are kept.
+    pub checkpoint: CheckpointSection,
+    /// When batches run.
+    #[serde(default)]
+    pub trigger: TriggerSection,
+    /// Where records go.
+    pub sink: SinkSection,
+    /// Where progress is reported besides the log.
+    #[serde(default)]
+    pub progress: ProgressSection,
+}
+
+/// `[source]`: Kafka, with Spark's option names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSection {
+    pub bootstrap_servers: Option<String>,
+    pub subscribe: Option<Vec<String>>,
+    pub subscribe_pattern: Option<String>,
+    pub assign: Option<BTreeMap<String, Vec<i32>>>,
+    pub starting_offsets: Option<String>,
+    pub starting_offsets_by_timestamp: Option<String>,
+    pub starting_timestamp: Option<i64>,
+    pub starting_offsets_by_timestamp_strategy: Option<String>,
+    #[serde(default = "yes")]
+    pub fail_on_data_loss: bool,
+    pub max_offsets_per_trigger: Option<u64>,
+    pub min_offsets_per_trigger: Option<u64>,
+    pub max_trigger_delay: Option<String>,
+    #[serde(default)]
+    pub include_headers: bool,
+    pub poll_timeout_ms: Option<u64>,
+    pub fetch_offset_num_retries: Option<u32>,
+    pub fetch_offset_retry_interval_ms: Option<u64>,
+    pub group_id: Option<String>,
+    #[serde(default)]
+    pub commit_progress: bool,
+    /// librdkafka options, passed through.
+    #[serde(default)]
+    pub kafka: BTreeMap<String, toml::Value>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `[checkpoint]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSection {
+    pub location: Option<String>,
+    pub min_batches_to_retain: Option<u64>,
+}
+
+/// `[trigger]`: exactly one of the three.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerSection {
+    pub processing_time: Option<String>,
+    #[serde(default)]
+    pub available_now: bool,
+    #[serde(default)]
+    pub once: bool,
+}
+
+/// `[sink]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSection {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub path: Option<PathBuf>,
+    pub format: Option<String>,
+}
+
+/// `[progress]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgressSection {
+    /// A file to append one JSON line per batch to.
+    pub file: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address.
+    pub metrics_addr: Option<String>,
+}
+
+/// The built-in sinks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkKind {
+    Console { json: bool },
+    Jsonl { path: PathBuf },
+}
+
+/// Everything the runner needs, checked.
+#[derive(Debug)]
+pub struct Settings {
+    pub name: Option<String>,
+    pub kafka: KafkaSourceConfig,
+    pub starting: StartingOptions,
+    pub trigger: Trigger,
+    pub max_offsets_per_trigger: Option<NonZeroU64>,
+    pub min_offsets_per_trigger: Option<MinOffsetsPerTrigger>,
+    pub checkpoint: PathBuf,
+    pub min_batches_to_retain: u64,
+    pub sink: SinkKind,
+    pub progress: ProgressSection,
+    pub source_description: String,
+}
+
+/// Reads and checks a configuration file. Every error names the file, and the
+/// key or line concerned.
+pub fn load(path: &Path) -> Result<Settings> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the configuration {}", path.display()))?;
+    let config: Config = toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), with_suggestion(&e.to_string())))?;
+    settings(config).with_context(|| format!("{}", path.display()))
+}
+
+/// Adds "did you mean" to serde's unknown-field errors.
+fn with_suggestion(message: &str) -> String {
+    let message = message.trim_end().to_owned();
+    let Some(at) = message.find("unknown field `") else {
+        return message;
+    };
+    let rest = &message[at + "unknown field `".len()..];
+    let Some((unknown, expected)) = rest.split_once('`') else {
+        return message;
+    };
+    let best = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|candidate| (strsim::jaro_winkler(unknown, candidate), candidate))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match best {
+        Some((_, candidate)) => format!("{message}\ndid you mean `{candidate}`?"),
+        None => message,
+    }
+}
+
+fn settings(config: Config) -> Result<Settings> {
+    let source = config.source;
+    let bootstrap = std::env::var(BOOTSTRAP_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .or(source.bootstrap_servers.clone())
+        .context("source.bootstrap_servers is missing (or set SLUICE_BOOTSTRAP_SERVERS)")?;
+
+    let selections = [
+        source.subscribe.is_some(),
+        source.subscribe_pattern.is_some(),
+        source.assign.is_some(),
+    ];
+    let selection = match (source.subscribe, source.subscribe_pattern, source.assign) {
+        (Some(topics), None, None) => TopicSelection::Subscribe(topics),
+        (None, Some(pattern), None) => TopicSelection::SubscribePattern(pattern),
+        (None, None, Some(assign)) => TopicSelection::Assign(assign),
+        _ => bail!(
+            "[source] needs exactly one of subscribe, subscribe_pattern or assign; {} given",
+            selections.iter().filter(|s| **s).count()
+        ),
+    };
+    let description = match &selection {
+        TopicSelection::Subscribe(t) => format!("KafkaV2[Subscribe[{}]]", t.join(",")),
+        TopicSelection::SubscribePattern(p) => format!("KafkaV2[SubscribePattern[{p}]]"),
+        TopicSelection::Assign(a) => format!(
+            "KafkaV2[Assign[{}]]",
+            a.iter()
+                .flat_map(|(t, ps)| ps.iter().map(move |p| format!("{t}-{p}")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+
+    let mut kafka = KafkaSourceConfig::new(bootstrap, selection);
+    kafka.group_id = source.group_id;
+    kafka.fail_on_data_loss = source.fail_on_data_loss;
+    kafka.include_headers = source.include_headers;
+    kafka.commit_progress = source.commit_progress;
+    if let Some(ms) = source.poll_timeout_ms {
+        kafka.poll_timeout = Duration::from_millis(ms);
+    }
+    if let Some(n) = source.fetch_offset_num_retries {
+        kafka.fetch_offset_num_retries = n;
+    }
+    if let Some(ms) = source.fetch_offset_retry_interval_ms {
+        kafka.fetch_offset_retry_interval = Duration::from_millis(ms);
+    }
+    for (key, value) in source.kafka {
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            other => bail!("[source.kafka] {key} must be a string, number or boolean, not {other}"),
+        };
+        kafka.client_options.insert(key, text);
+    }
+    kafka.validate()?;
+
+    let fallback = match source.starting_offsets_by_timestamp_strategy.as_deref() {
+        None | Some("error") => TimestampFallback::Error,
+        Some("latest") => TimestampFallback::Latest,
+        Some(other) => bail!(
+            "starting_offsets_by_timestamp_strategy must be \"error\" or \"latest\", not {other:?}"
+        ),
+    };
+    let starting = StartingOptions {
+        starting_offsets: source
+            .starting_offsets
+            .as_deref()
+            .map(parse_starting_offsets)
+            .transpose()
+            .context("starting_offsets")?,
+        starting_offsets_by_timestamp: source
+            .starting_offsets_by_timestamp
+            .as_deref()
+            .map(values_from_json)
+            .transpose()
+            .context("starting_offsets_by_timestamp")?
+            .map(|m| m.into_iter().collect::<BTreeMap<TopicPartition, i64>>()),
+        starting_timestamp: source.starting_timestamp,
+        timestamp_fallback: fallback,
+    };
+
+    let max_offsets_per_trigger = match source.max_offsets_per_trigger {
+        None => None,
+        Some(n) => Some(NonZeroU64::new(n).context("max_offsets_per_trigger must be at least 1")?),
+    };
+    let min_offsets_per_trigger = match (source.min_offsets_per_trigger, source.max_trigger_delay) {
+        (None, None) => None,
+        (None, Some(_)) => bail!("max_trigger_delay needs min_offsets_per_trigger"),
+        (Some(min), delay) => {
+            let delay = match delay {
+                Some(text) => parse_duration("max_trigger_delay", &text)?,
+                None => Duration::from_secs(15 * 60),
+            };
+            Some(MinOffsetsPerTrigger {
+                min_offsets: min,
+                max_trigger_delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            })
+        }
+    };
+
+    let trigger = match (
+        config.trigger.processing_time,
+        config.trigger.available_now,
+        config.trigger.once,
+    ) {
+        (None, false, false) => Trigger::ProcessingTime(Duration::ZERO),
+        (Some(interval), false, false) => {
+            Trigger::ProcessingTime(parse_duration("trigger.processing_time", &interval)?)
+        }
+        (None, true, false) => Trigger::AvailableNow,
+        (None, false, true) => Trigger::Once,
+        _ => bail!("[trigger] takes one of processing_time, available_now = true or once = true"),
+    };
+
+    let checkpoint = std::env::var(CHECKPOINT_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .or(config.checkpoint.location)
+        .context("checkpoint.location is missing (or set SLUICE_CHECKPOINT_LOCATION)")?;
+    if checkpoint.contains("://") && !checkpoint.starts_with("file://") {
+        bail!(
+            "checkpoint.location {checkpoint:?}: only filesystem checkpoints are supported by this \
+             build (a directory path or file:// URL)"
+        );
+    }
+    let checkpoint = PathBuf::from(checkpoint.trim_start_matches("file://"));
+
+    let sink = match config.sink.kind.as_str() {
+        "console" => {
+            let json = match config.sink.format.as_deref() {
+                None | Some("text") => false,
+                Some("json") => true,
+                Some(other) => bail!("sink.format must be \"text\" or \"json\", not {other:?}"),
+            };
+            SinkKind::Console { json }
+        }
+        "jsonl" => SinkKind::Jsonl {
+            path: config
+                .sink
+                .path
+                .context("a jsonl sink needs sink.path, the directory to write batch files to")?,
+        },
+        other => bail!("sink.type must be \"console\" or \"jsonl\", not {other:?}"),
+    };
+
+    Ok(Settings {
+        name: config.name,
+        kafka,
+        starting,
+        trigger,
+        max_offsets_per_trigger,
+        min_offsets_per_trigger,
+        checkpoint,
+        min_batches_to_retain: config
+            .checkpoint
+            .min_batches_to_retain
+            .unwrap_or(sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN)
+            .max(1),
+        sink,
+        progress: config.progress,
+        source_description: description,
+    })
+}
+
+fn parse_duration(key: &str, text: &str) -> Result<Duration> {
+    humantime::parse_duration(text.trim())
+        .with_context(|| format!("{key} = {text:?} is not a duration like \"10s\" or \"15m\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Settings> {
+        let config: Config = toml::from_str(text)
+            .map_err(|e| anyhow::anyhow!("{}", with_suggestion(&e.to_string())))?;
+        settings(config)
+    }
+
+    const MINIMAL: &str = r#"
+        [source]
+        bootstrap_servers = "127.0.0.1:9092"
+        subscribe = ["events"]
+        [checkpoint]
+        location = "/tmp/q"
+        [sink]
+        type = "console"
+    "#;
+
+    #[test]
+    fn a_minimal_config_gets_sparks_defaults() {
+        let s = parse(MINIMAL).unwrap();
+        assert_eq!(s.trigger, Trigger::ProcessingTime(Duration::ZERO));
+        assert!(s.kafka.fail_on_data_loss);
+        assert_eq!(s.min_batches_to_retain, 100);
+        assert_eq!(s.source_description, "KafkaV2[Subscribe[events]]");
+        assert_eq!(
+            s.starting.resolve(),
+            sluice_offsets::StartingOffsets::Latest
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_the_reason() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "subscribe = [\"events\"]",
+                "subscibe = [\"events\"]",
+                "did you mean `subscribe`?",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nsubscribe_pattern = \"e.*\"",
+                "exactly one of subscribe",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nmax_offsets_per_trigger = 0",
+                "at least 1",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nstarting_offsets = \"earliestt\"",
+                "starting_offsets",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nmax_trigger_delay = \"5m\"",
+                "needs min_offsets_per_trigger",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\n[source.kafka]\n\"enable.auto.commit\" = true",
+                "`enable.auto.commit` is set by Sluice",
+            ),
+            (
+                "type = \"console\"",
+                "type = \"kafkaa\"",
+                "sink.type must be",
+            ),
+            ("type = \"console\"", "type = \"jsonl\"", "needs sink.path"),
+            (
+                "location = \"/tmp/q\"",
+                "location = \"cassandra://h:9042/ks\"",
+                "only filesystem checkpoints",
+            ),
+        ];
+        for (from, to, expected) in cases {
+            let text = MINIMAL.replacen(from, to, 1);
+            let err = format!("{:#}", parse(&text).unwrap_err());
+            assert!(
+                err.contains(expected),
+                "{to}: expected {expected:?} in {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn triggers_and_durations() {
+        let with = |t: &str| parse(&format!("{MINIMAL}\n[trigger]\n{t}")).map(|s| s.trigger);
+        assert_eq!(
+            with("processing_time = \"10s\"").unwrap(),
+            Trigger::ProcessingTime(Duration::from_secs(10))
+        );
+        assert_eq!(with("available_now = true").unwrap(), Trigger::AvailableNow);
+        assert_eq!(with("once = true").unwrap(), Trigger::Once);
+        assert!(with("once = true\navailable_now = true").is_err());
+        assert!(
+            format!("{:#}", with("processing_time = \"soon\"").unwrap_err())
+                .contains("not a duration")
+        );
+    }
+}
