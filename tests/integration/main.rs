@@ -5,4 +5,5 @@
 mod cassandra_smoke;
 mod kafka_smoke;
 mod kafka_source;
+mod runner;
 mod spark_checkpoint;

@@ -1,0 +1,359 @@
+//! The `sluice` binary end to end against the real broker: exactly-once output,
+//! restarts, the single-writer lock, data loss, bad configuration and moving a
+//! query's offsets.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use rdkafka::admin::AdminOptions;
+use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
+use sluice_tests::kafka::{
+    TIMEOUT, admin, create_topic, delete_topic, numbered, produce, producer,
+};
+
+/// The `sluice` binary, built once per test run.
+fn sluice() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .args(["build", "-q", "-p", "sluice-runner", "--bin", "sluice"])
+            .current_dir(&root)
+            .status()
+            .expect("running cargo build");
+        assert!(status.success(), "building sluice failed");
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join("target"));
+        target.join("debug").join("sluice")
+    })
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(sluice())
+        .args(args)
+        .env_remove("SLUICE_BOOTSTRAP_SERVERS")
+        .env_remove("SLUICE_CHECKPOINT_LOCATION")
+        .output()
+        .expect("running sluice")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+struct Job {
+    dir: tempfile::TempDir,
+    topic: String,
+}
+
+impl Job {
+    fn new(topic: &str) -> Job {
+        Job {
+            dir: tempfile::tempdir().unwrap(),
+            topic: topic.to_owned(),
+        }
+    }
+
+    fn out(&self) -> PathBuf {
+        self.dir.path().join("out")
+    }
+
+    fn checkpoint(&self) -> PathBuf {
+        self.dir.path().join("checkpoint")
+    }
+
+    /// Writes a config for an `available_now` run into the job's folder.
+    fn config(&self, extra_source: &str) -> PathBuf {
+        let text = format!(
+            r#"
+name = "runner-test"
+
+[source]
+bootstrap_servers = "{bootstrap}"
+subscribe = ["{topic}"]
+starting_offsets = "earliest"
+max_offsets_per_trigger = 700
+poll_timeout_ms = 20000
+{extra_source}
+
+[checkpoint]
+location = "{checkpoint}"
+
+[trigger]
+available_now = true
+
+[sink]
+type = "jsonl"
+path = "{out}"
+
+[progress]
+file = "{progress}"
+"#,
+            bootstrap = sluice_tests::kafka_bootstrap(),
+            topic = self.topic,
+            checkpoint = self.checkpoint().display(),
+            out = self.out().display(),
+            progress = self.dir.path().join("progress.jsonl").display(),
+        );
+        let path = self.dir.path().join("query.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn run(&self, extra_source: &str) -> Output {
+        let config = self.config(extra_source);
+        run(&["run", "--config", config.to_str().unwrap()])
+    }
+
+    /// Every record in the sink's files, as (partition, offset, value).
+    fn output(&self) -> Vec<(i64, i64, String)> {
+        let mut records = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.out()) else {
+            return records;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "jsonl") {
+                continue;
+            }
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                records.push((
+                    v["partition"].as_i64().unwrap(),
+                    v["offset"].as_i64().unwrap(),
+                    v["value"].as_str().unwrap().to_owned(),
+                ));
+            }
+        }
+        records.sort();
+        records
+    }
+
+    fn progress(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("progress.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+/// What `count` records per partition valued `p<partition>-<i>` look like in the sink.
+fn expected(partitions: i32, from: i64, until: i64) -> Vec<(i64, i64, String)> {
+    let mut records: Vec<_> = (0..partitions)
+        .flat_map(|p| (from..until).map(move |i| (i64::from(p), i, format!("p{p}-{i}"))))
+        .collect();
+    records.sort();
+    records
+}
+
+async fn produce_range(topic: &str, partitions: i32, from: usize, until: usize) {
+    let p = producer();
+    for partition in 0..partitions {
+        let records: Vec<_> = numbered(partition, &format!("p{partition}"), until)
+            .into_iter()
+            .skip(from)
+            .collect();
+        produce(&p, topic, &records).await;
+    }
+}
+
+#[tokio::test]
+async fn available_now_delivers_every_record_exactly_once_across_runs() {
+    let topic = sluice_tests::unique_name("run");
+    create_topic(&topic, 4).await;
+    produce_range(&topic, 4, 0, 500).await;
+    let job = Job::new(&topic);
+
+    let output = job.run("");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(job.output(), expected(4, 0, 500));
+    let progress = job.progress();
+    assert_eq!(progress.len(), 3, "2000 offsets at 700 per batch");
+    assert!(
+        progress
+            .iter()
+            .all(|p| p["numInputRows"].as_u64().unwrap() <= 700)
+    );
+    println!(
+        "progress line: {}",
+        serde_json::to_string(&progress[0]).unwrap()
+    );
+
+    // A second run reads only what arrived since.
+    produce_range(&topic, 4, 500, 600).await;
+    let output = job.run("");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(job.output(), expected(4, 0, 600));
+
+    // `offsets show` sees the committed end.
+    let shown = run(&[
+        "offsets",
+        "show",
+        "--checkpoint",
+        job.checkpoint().to_str().unwrap(),
+    ]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let report: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(
+        report["lastCommitted"]["endOffsets"][&topic],
+        serde_json::json!({"0": 600, "1": 600, "2": 600, "3": 600})
+    );
+    assert!(report["pending"].is_null());
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_second_runner_on_the_checkpoint_is_refused() {
+    let topic = sluice_tests::unique_name("lock");
+    create_topic(&topic, 1).await;
+    let job = Job::new(&topic);
+    let held = sluice_checkpoint_fs::Checkpoint::open(job.checkpoint()).unwrap();
+    let output = job.run("");
+    assert_eq!(output.status.code(), Some(4), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("is in use by another runner"),
+        "{}",
+        stderr(&output)
+    );
+    drop(held);
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn purged_committed_offsets_fail_the_run_or_are_skipped_and_reported() {
+    let topic = sluice_tests::unique_name("runpurge");
+    create_topic(&topic, 1).await;
+    produce_range(&topic, 1, 0, 100).await;
+    let job = Job::new(&topic);
+    assert!(job.run("").status.success());
+
+    produce_range(&topic, 1, 100, 200).await;
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(&topic, 0, KafkaOffset::Offset(150))
+        .unwrap();
+    admin()
+        .delete_records(&list, &AdminOptions::new().operation_timeout(Some(TIMEOUT)))
+        .await
+        .unwrap();
+
+    let output = job.run("");
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(&format!(
+            "{topic}-0: offsets [100, 150) are lost: the batch starts at 100 but the partition now holds [150, 200)"
+        )),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = job.run("fail_on_data_loss = false");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let progress = job.progress();
+    let last = progress.last().unwrap();
+    assert_eq!(last["sources"][0]["metrics"]["dataLossOffsets"], "50");
+    let offsets: Vec<i64> = job.output().iter().map(|r| r.1).collect();
+    assert_eq!(offsets, (0..100).chain(150..200).collect::<Vec<_>>());
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn offsets_set_moves_a_stopped_query() {
+    let topic = sluice_tests::unique_name("move");
+    create_topic(&topic, 2).await;
+    produce_range(&topic, 2, 0, 50).await;
+    let job = Job::new(&topic);
+    assert!(job.run("").status.success());
+    std::fs::remove_dir_all(job.out()).unwrap();
+
+    let checkpoint = job.checkpoint();
+    let moved = run(&[
+        "offsets",
+        "set",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--offsets",
+        &format!("{{\"{topic}\":{{\"0\":40}}}}"),
+    ]);
+    assert!(moved.status.success(), "{}", stderr(&moved));
+    produce_range(&topic, 2, 50, 55).await;
+    assert!(job.run("").status.success());
+    // Partition 0 rewound to 40; partition 1 kept its place.
+    let got: BTreeSet<(i64, i64)> = job.output().iter().map(|r| (r.0, r.1)).collect();
+    let want: BTreeSet<(i64, i64)> = (40..55)
+        .map(|o| (0, o))
+        .chain((50..55).map(|o| (1, o)))
+        .collect();
+    assert_eq!(got, want);
+
+    let refused = run(&[
+        "offsets",
+        "set",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--offsets",
+        "{\"t\":{\"0\":-1}}",
+    ]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    delete_topic(&topic).await;
+}
+
+#[test]
+fn bad_configurations_exit_2_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = r#"
+[source]
+bootstrap_servers = "127.0.0.1:9092"
+subscribe = ["t"]
+[checkpoint]
+location = "CHECKPOINT"
+[sink]
+type = "console"
+"#
+    .replace("CHECKPOINT", &dir.path().join("cp").display().to_string());
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "subscribe = [\"t\"]",
+            "subscribe = [\"t\"]\nmax_ofsets_per_trigger = 5",
+            "did you mean `max_offsets_per_trigger`?",
+        ),
+        (
+            "type = \"console\"",
+            "type = \"parquet\"",
+            "sink.type must be",
+        ),
+        (
+            "subscribe = [\"t\"]",
+            "subscribe_pattern = \"(\"",
+            "invalid subscribe_pattern",
+        ),
+        ("[sink]\ntype = \"console\"", "", "missing field `sink`"),
+        ("subscribe = [\"t\"]", "subscribe = \"t\"", "invalid type"),
+        (
+            "subscribe = [\"t\"]",
+            "subscribe = [\"t\"]\n[source.kafka]\n\"auto.offset.reset\" = \"earliest\"",
+            "`auto.offset.reset` is set by Sluice",
+        ),
+    ];
+    for (from, to, expected) in cases {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, good.replacen(from, to, 1)).unwrap();
+        let output = run(&["run", "--config", path.to_str().unwrap()]);
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{to}: {err}");
+        assert!(
+            err.contains(expected),
+            "{to}: expected {expected:?} in {err}"
+        );
+        assert!(!err.contains("panicked"), "{to}: {err}");
+    }
+    let missing = run(&["run", "--config", "/nonexistent/q.toml"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(stderr(&missing).contains("cannot read the configuration /nonexistent/q.toml"));
+    let usage = run(&["run"]);
+    assert_eq!(usage.status.code(), Some(2));
+}
