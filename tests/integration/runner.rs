@@ -68,6 +68,11 @@ impl Job {
 
     /// Writes a config for an `available_now` run into the job's folder.
     fn config(&self, extra_source: &str) -> PathBuf {
+        self.config_with(extra_source, "available_now = true")
+    }
+
+    /// Writes a config with the given `[trigger]` line into the job's folder.
+    fn config_with(&self, extra_source: &str, trigger: &str) -> PathBuf {
         let text = format!(
             r#"
 name = "runner-test"
@@ -76,7 +81,7 @@ name = "runner-test"
 bootstrap_servers = "{bootstrap}"
 subscribe = ["{topic}"]
 starting_offsets = "earliest"
-max_offsets_per_trigger = 700
+{max_offsets}
 poll_timeout_ms = 20000
 {extra_source}
 
@@ -84,7 +89,7 @@ poll_timeout_ms = 20000
 location = "{checkpoint}"
 
 [trigger]
-available_now = true
+{trigger}
 
 [sink]
 type = "jsonl"
@@ -93,6 +98,11 @@ path = "{out}"
 [progress]
 file = "{progress}"
 "#,
+            max_offsets = if extra_source.contains("max_offsets_per_trigger") {
+                ""
+            } else {
+                "max_offsets_per_trigger = 700"
+            },
             bootstrap = sluice_tests::kafka_bootstrap(),
             topic = self.topic,
             checkpoint = self.checkpoint().display(),
@@ -356,4 +366,120 @@ type = "console"
     assert!(stderr(&missing).contains("cannot read the configuration /nonexistent/q.toml"));
     let usage = run(&["run"]);
     assert_eq!(usage.status.code(), Some(2));
+}
+
+/// Keeps producing `p<partition>-<i>` records to every partition until told to
+/// stop; returns how many each partition got.
+fn keep_producing(
+    topic: String,
+    partitions: i32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let p = producer();
+        let mut next = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            for partition in 0..partitions {
+                let records: Vec<_> = numbered(partition, &format!("p{partition}"), next + 50)
+                    .into_iter()
+                    .skip(next)
+                    .collect();
+                produce(&p, &topic, &records).await;
+            }
+            next += 50;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        next
+    })
+}
+
+/// A small deterministic generator, so a failing run can be repeated from its seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next_below(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % bound
+    }
+}
+
+#[tokio::test]
+async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
+    let topic = sluice_tests::unique_name("crash");
+    create_topic(&topic, 4).await;
+    let job = Job::new(&topic);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer_task = keep_producing(topic.clone(), 4, stop.clone());
+
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    println!("crash test seed {seed}");
+    let mut random = Lcg(seed);
+    let streaming = job.config_with("", "processing_time = \"0s\"");
+    for kill in 0..12 {
+        let mut child = Command::new(sluice())
+            .args(["run", "--config", streaming.to_str().unwrap()])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let wait = 150 + random.next_below(700);
+        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "run {kill} exited early"
+        );
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let produced = producer_task.await.unwrap() as i64;
+
+    let output = job.run("");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let got = job.output();
+    let files = std::fs::read_dir(job.out()).unwrap().count();
+    println!("{produced} records per partition, {files} batch files after 12 kills");
+    assert_eq!(got.len(), expected(4, 0, produced).len(), "record count");
+    assert_eq!(got, expected(4, 0, produced), "every record exactly once");
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn sigterm_finishes_cleanly_and_the_restart_continues() {
+    let topic = sluice_tests::unique_name("term");
+    create_topic(&topic, 2).await;
+    produce_range(&topic, 2, 0, 3000).await;
+    let job = Job::new(&topic);
+    let config = job.config_with("max_offsets_per_trigger = 200", "processing_time = \"0s\"");
+    let child = Command::new(sluice())
+        .args(["run", "--config", config.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("stopping after the batch in flight"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = job.run("");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(job.output(), expected(2, 0, 3000));
+    delete_topic(&topic).await;
 }
