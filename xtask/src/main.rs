@@ -7,6 +7,8 @@
 //!   `spark-compat` after them.
 //! - `spark-compat`: fetch Spark's jars and run the tests in which Spark's own
 //!   checkpoint classes read and write checkpoints beside Sluice.
+//! - `demo [--seconds N]`: the main job end to end: `up`, a producer of sample
+//!   orders, and `sluice run` on `examples/demo.toml`.
 
 mod cassandra;
 mod devenv;
@@ -32,6 +34,9 @@ Tasks:
   test [ARGS]   up, cargo test --workspace [ARGS], then stop what up started
   ci            up, cargo fmt --check, cargo clippy -D warnings, cargo test, spark-compat,
                 then stop what up started
+  demo [--seconds N]
+                up, keep producing sample orders to demo-orders, and run sluice on
+                examples/demo.toml (until Ctrl-C, or for N seconds)
   spark-compat  fetch Spark's jars (about 220 MB, once) and check that Spark and Sluice read each
                 other's checkpoints
 ";
@@ -78,6 +83,7 @@ fn run(args: &[String]) -> Result<()> {
             spark_compat(&root)
         }),
         "spark-compat" => spark_compat(&root),
+        "demo" => demo(&root, rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())
@@ -98,6 +104,66 @@ fn with_dev_env(root: &Path, body: impl FnOnce() -> Result<()>) -> Result<()> {
         (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
         (Ok(()), Ok(())) => Ok(()),
     }
+}
+
+/// The README's main job: the dev environment, a stream of sample orders, and
+/// `sluice run` on `examples/demo.toml` with its progress in the terminal.
+fn demo(root: &Path, args: &[String]) -> Result<()> {
+    let seconds = match args {
+        [] => None,
+        [flag, n] if flag == "--seconds" => Some(
+            n.parse::<u64>()
+                .with_context(|| format!("--seconds {n:?} is not a number"))?,
+        ),
+        _ => bail!("usage: cargo xtask demo [--seconds N]"),
+    };
+    devenv::up(root)?;
+    cargo(
+        root,
+        &[
+            "build",
+            "-q",
+            "-p",
+            "sluice-runner",
+            "--bin",
+            "sluice",
+            "-p",
+            "sluice-examples",
+            "--example",
+            "demo_producer",
+        ],
+    )?;
+    let debug = root.join("target").join("debug");
+    std::fs::create_dir_all(root.join("target").join("demo"))?;
+    let mut producer = Command::new(debug.join("examples").join("demo_producer"))
+        .args(["127.0.0.1:9092", "demo-orders", "500"])
+        .spawn()
+        .context("starting the demo producer")?;
+    println!("$ sluice run --config examples/demo.toml");
+    let mut sluice = Command::new(debug.join("sluice"))
+        .args(["run", "--config", "examples/demo.toml"])
+        .current_dir(root)
+        .spawn()
+        .context("starting sluice")?;
+    if let Some(seconds) = seconds {
+        std::thread::sleep(std::time::Duration::from_secs(seconds));
+        let _ = Command::new("kill")
+            .args(["-INT", &sluice.id().to_string()])
+            .status();
+    }
+    let status = sluice.wait()?;
+    let _ = Command::new("kill")
+        .args(["-INT", &producer.id().to_string()])
+        .status();
+    let _ = producer.wait();
+    println!(
+        "output: target/demo/output/, progress: target/demo/progress.jsonl, metrics were on \
+         http://127.0.0.1:9464/metrics; `cargo xtask down` stops Kafka and Cassandra"
+    );
+    if !status.success() {
+        bail!("sluice run failed ({status})");
+    }
+    Ok(())
 }
 
 /// Runs the ignored tests of `tests/integration/spark_checkpoint.rs` with Spark's
