@@ -431,6 +431,16 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_example_is_a_valid_config() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("```toml\n").expect("a toml block in the README") + 8;
+        let end = start + readme[start..].find("```").expect("the end of the block");
+        let settings = parse(&readme[start..end]).unwrap();
+        assert_eq!(settings.name.as_deref(), Some("orders-to-files"));
+        assert_eq!(settings.trigger, Trigger::ProcessingTime(Duration::from_secs(10)));
+    }
+
+    #[test]
     fn triggers_and_durations() {
         let with = |t: &str| parse(&format!("{MINIMAL}\n[trigger]\n{t}")).map(|s| s.trigger);
         assert_eq!(
