@@ -30,5 +30,5 @@ mod trigger;
 
 pub use error::{BoxError, ExecutorError};
 pub use progress::{DurationMs, QueryProgress, SinkProgress, SourceProgress};
-pub use query::{IDLE_POLL, Query, QueryOptions, RunSummary};
+pub use query::{IDLE_POLL, Query, QueryOptions, RetryPolicy, RunSummary};
 pub use trigger::Trigger;

@@ -1,5 +1,6 @@
 //! The micro-batch loop.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -15,6 +16,25 @@ use crate::progress::{
     DurationMs, QueryProgress, SinkProgress, SourceProgress, offsets_value, source_metrics,
 };
 use crate::{ExecutorError, Trigger};
+
+/// Awaits a source call, trying it again with backoff while it fails transiently.
+macro_rules! retrying {
+    ($policy:expr, $what:expr, $call:expr) => {{
+        let mut attempt = 1_u32;
+        loop {
+            match $call.await {
+                Ok(value) => break Ok(value),
+                Err(e) => match retry_wait::<Src>($policy, attempt, &e, $what) {
+                    Some(wait) => {
+                        attempt += 1;
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => break Err(ExecutorError::Source(Box::new(e))),
+                },
+            }
+        }
+    }};
+}
 
 /// How long a query with `ProcessingTime(0)` waits before it looks for new data
 /// again when there was none.
@@ -41,6 +61,40 @@ pub struct QueryOptions {
     pub source_description: String,
     /// The sink, as progress reports describe it.
     pub sink_description: String,
+    /// How transient source failures are retried.
+    pub retry: RetryPolicy,
+}
+
+/// How often, and how patiently, a transient source failure is retried before
+/// the query stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1 means no retry).
+    pub max_attempts: u32,
+    /// The wait before the first retry; it doubles with every further one.
+    pub initial_backoff: Duration,
+    /// The longest wait between two attempts.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 10,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `attempt` (2 for the first retry).
+    fn backoff(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(2).min(20);
+        self.initial_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.max_backoff)
+    }
 }
 
 impl Default for QueryOptions {
@@ -55,6 +109,7 @@ impl Default for QueryOptions {
             min_batches_to_retain: sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN,
             source_description: "source".to_owned(),
             sink_description: "sink".to_owned(),
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -189,18 +244,17 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             let trigger_start = Instant::now();
             let timestamp = SystemTime::now();
 
-            let partitions = self
-                .source
-                .partitions()
-                .await
-                .map_err(|e| ExecutorError::Source(Box::new(e)))?;
+            let retry = self.options.retry;
+            let partitions: BTreeMap<_, _> =
+                retrying!(retry, "discovering partitions", self.source.partitions())?;
             let mut from = match start.take() {
                 Some(from) => from,
-                None => self
-                    .source
-                    .starting_offsets(&self.options.starting, &partitions)
-                    .await
-                    .map_err(|e| ExecutorError::Source(Box::new(e)))?,
+                None => retrying!(
+                    retry,
+                    "resolving starting offsets",
+                    self.source
+                        .starting_offsets(&self.options.starting, &partitions)
+                )?,
             };
             let losses = classify_batch(&from, &partitions);
             let losses =
@@ -326,11 +380,13 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             planned.durations.wal_commit = millis(t.elapsed());
 
             let t = Instant::now();
-            let records = self
-                .source
-                .read(planned.plan.ranges())
-                .await
-                .map_err(|e| ExecutorError::Source(Box::new(e)))?;
+            // Reading a durable plan again is safe: it reads the same ranges.
+            let retry = self.options.retry;
+            let records = retrying!(
+                retry,
+                "reading the batch",
+                self.source.read(planned.plan.ranges())
+            )?;
             planned.durations.get_batch = millis(t.elapsed());
             for loss in &records.data_loss {
                 tracing::warn!(
@@ -428,6 +484,28 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             },
         }
     }
+}
+
+/// Decides whether a failed source call is tried again, and logs the retry.
+/// Returns the wait before the next attempt, or `None` to give up.
+fn retry_wait<Src: Source>(
+    policy: RetryPolicy,
+    attempt: u32,
+    error: &Src::Error,
+    what: &str,
+) -> Option<Duration> {
+    if attempt >= policy.max_attempts.max(1) || !Src::is_transient(error) {
+        return None;
+    }
+    let wait = policy.backoff(attempt + 1);
+    tracing::warn!(
+        %error,
+        attempt = attempt + 1,
+        max_attempts = policy.max_attempts,
+        wait_ms = millis(wait),
+        "{what} failed; retrying"
+    );
+    Some(wait)
 }
 
 /// Waits for the next trigger. Returns true when the query should stop.

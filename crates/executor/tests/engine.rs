@@ -16,10 +16,16 @@ use tokio::sync::watch;
 #[error("{0}")]
 struct TestError(String);
 
+/// A source failure that a retry may cure.
+const TRANSIENT: &str = "broker unavailable";
+
 /// A log per partition: offsets [low, high) hold records valued "<p>-<offset>".
 #[derive(Clone, Default)]
 struct MemSource {
     logs: Arc<Mutex<BTreeMap<TopicPartition, (i64, i64)>>>,
+    /// Failures the next `partitions` calls return, first to last.
+    failures: Arc<Mutex<Vec<&'static str>>>,
+    calls: Arc<Mutex<u32>>,
 }
 
 impl MemSource {
@@ -43,7 +49,19 @@ impl MemSource {
 impl Source for MemSource {
     type Error = TestError;
 
+    fn is_transient(error: &TestError) -> bool {
+        error.0 == TRANSIENT
+    }
+
     async fn partitions(&mut self) -> Result<BTreeMap<TopicPartition, Watermarks>, TestError> {
+        *self.calls.lock().unwrap() += 1;
+        let failure = {
+            let mut failures = self.failures.lock().unwrap();
+            (!failures.is_empty()).then(|| failures.remove(0))
+        };
+        if let Some(message) = failure {
+            return Err(TestError(message.to_owned()));
+        }
         Ok(self
             .logs
             .lock()
@@ -524,4 +542,70 @@ async fn progress_has_sparks_fields() {
     assert_eq!(json["id"], "query-1");
     assert_eq!(json["name"], "orders");
     assert!(json["timestamp"].as_str().unwrap().ends_with('Z'));
+}
+
+fn fast_retries(attempts: u32) -> sluice_executor::RetryPolicy {
+    sluice_executor::RetryPolicy {
+        max_attempts: attempts,
+        initial_backoff: std::time::Duration::from_millis(1),
+        max_backoff: std::time::Duration::from_millis(4),
+    }
+}
+
+#[tokio::test]
+async fn transient_source_failures_are_retried_and_permanent_ones_stop_at_once() {
+    let source = MemSource::with(&[(0, 10)]);
+    source
+        .failures
+        .lock()
+        .unwrap()
+        .extend([TRANSIENT, TRANSIENT, TRANSIENT]);
+    let mut opts = options(Trigger::AvailableNow, None);
+    opts.retry = fast_retries(5);
+    let mut query = Query::new(
+        opts.clone(),
+        "q".into(),
+        source.clone(),
+        MemStore::default(),
+        MemSink::default(),
+    );
+    let summary = query.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!(
+        summary.records, 10,
+        "three transient failures, then success"
+    );
+
+    let permanent = MemSource::with(&[(0, 10)]);
+    permanent.failures.lock().unwrap().push("bad configuration");
+    let mut query = Query::new(
+        opts.clone(),
+        "q".into(),
+        permanent.clone(),
+        MemStore::default(),
+        MemSink::default(),
+    );
+    let err = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert_eq!(err.to_string(), "bad configuration");
+    assert_eq!(
+        *permanent.calls.lock().unwrap(),
+        1,
+        "no retry of a permanent failure"
+    );
+
+    let down = MemSource::with(&[(0, 10)]);
+    down.failures.lock().unwrap().extend([TRANSIENT; 5]);
+    let mut query = Query::new(
+        opts,
+        "q".into(),
+        down.clone(),
+        MemStore::default(),
+        MemSink::default(),
+    );
+    let err = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert_eq!(err.to_string(), TRANSIENT);
+    assert_eq!(
+        *down.calls.lock().unwrap(),
+        5,
+        "gives up after max_attempts"
+    );
 }

@@ -145,6 +145,16 @@ impl Source for KafkaSource {
             .await
     }
 
+    fn is_transient(error: &KafkaSourceError) -> bool {
+        matches!(
+            error,
+            KafkaSourceError::Unreachable { .. }
+                | KafkaSourceError::Kafka { .. }
+                | KafkaSourceError::PollTimeout { .. }
+                | KafkaSourceError::Task(_)
+        )
+    }
+
     async fn commit_progress(
         &mut self,
         offsets: &PartitionOffsets,

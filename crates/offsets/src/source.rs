@@ -99,8 +99,17 @@ pub trait Source: Send {
         ranges: &[OffsetRange],
     ) -> impl Future<Output = Result<ReadBatch, Self::Error>> + Send;
 
+    /// Whether `error` may go away by itself (a broker restarting, a request
+    /// timing out), so that the same call is worth trying again. Data loss and
+    /// configuration errors are not. The default treats every error as permanent.
+    fn is_transient(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Records processed offsets where lag monitors look for them (a consumer
-    /// group). Never the source of truth: the offset store is.
+    /// group). Never the source of truth: the offset store is. Callers log a
+    /// failure here and go on.
     fn commit_progress(
         &mut self,
         offsets: &PartitionOffsets,

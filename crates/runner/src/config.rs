@@ -38,6 +38,19 @@ pub struct Config {
     /// Where progress is reported besides the log.
     #[serde(default)]
     pub progress: ProgressSection,
+    /// How transient Kafka failures are retried.
+    #[serde(default)]
+    pub retry: RetrySection,
+}
+
+/// `[retry]`: transient failures (a broker restarting, timeouts) are retried with
+/// exponential backoff before the query stops.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySection {
+    pub max_attempts: Option<u32>,
+    pub initial_backoff: Option<String>,
+    pub max_backoff: Option<String>,
 }
 
 /// `[source]`: Kafka, with Spark's option names.
@@ -134,6 +147,7 @@ pub struct Settings {
     pub sink: SinkKind,
     pub progress: ProgressSection,
     pub source_description: String,
+    pub retry: sluice_executor::RetryPolicy,
 }
 
 /// Reads and checks a configuration file. Every error names the file, and the
@@ -318,7 +332,22 @@ fn settings(config: Config) -> Result<Settings> {
         other => bail!("sink.type must be \"console\" or \"jsonl\", not {other:?}"),
     };
 
+    let mut retry = sluice_executor::RetryPolicy::default();
+    if let Some(n) = config.retry.max_attempts {
+        if n == 0 {
+            bail!("retry.max_attempts must be at least 1");
+        }
+        retry.max_attempts = n;
+    }
+    if let Some(text) = &config.retry.initial_backoff {
+        retry.initial_backoff = parse_duration("retry.initial_backoff", text)?;
+    }
+    if let Some(text) = &config.retry.max_backoff {
+        retry.max_backoff = parse_duration("retry.max_backoff", text)?;
+    }
+
     Ok(Settings {
+        retry,
         name: config.name,
         kafka,
         starting,
@@ -433,11 +462,17 @@ mod tests {
     #[test]
     fn the_readme_example_is_a_valid_config() {
         let readme = include_str!("../../../README.md");
-        let start = readme.find("```toml\n").expect("a toml block in the README") + 8;
+        let start = readme
+            .find("```toml\n")
+            .expect("a toml block in the README")
+            + 8;
         let end = start + readme[start..].find("```").expect("the end of the block");
         let settings = parse(&readme[start..end]).unwrap();
         assert_eq!(settings.name.as_deref(), Some("orders-to-files"));
-        assert_eq!(settings.trigger, Trigger::ProcessingTime(Duration::from_secs(10)));
+        assert_eq!(
+            settings.trigger,
+            Trigger::ProcessingTime(Duration::from_secs(10))
+        );
     }
 
     #[test]

@@ -166,6 +166,7 @@ async fn run_query<K: Sink>(
         min_batches_to_retain: settings.min_batches_to_retain,
         source_description: settings.source_description.clone(),
         sink_description,
+        retry: settings.retry,
     };
     let mut progress_file = match &settings.progress.file {
         Some(path) => Some(
