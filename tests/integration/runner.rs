@@ -483,3 +483,62 @@ async fn sigterm_finishes_cleanly_and_the_restart_continues() {
     assert_eq!(job.output(), expected(2, 0, 3000));
     delete_topic(&topic).await;
 }
+
+#[tokio::test]
+async fn the_kafka_sink_produces_every_record_with_position_headers() {
+    use rdkafka::Message;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Headers;
+
+    let topic = sluice_tests::unique_name("sinkin");
+    let out_topic = sluice_tests::unique_name("sinkout");
+    create_topic(&topic, 2).await;
+    create_topic(&out_topic, 3).await;
+    produce_range(&topic, 2, 0, 150).await;
+    let job = Job::new(&topic);
+    let config = job.config("");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let jsonl = format!("type = \"jsonl\"\npath = \"{}\"", job.out().display());
+    let kafka = format!("type = \"kafka\"\ntopic = \"{out_topic}\"");
+    assert!(text.contains(&jsonl));
+    std::fs::write(&config, text.replace(&jsonl, &kafka)).unwrap();
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    let read_out = out_topic.clone();
+    let positions = tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = sluice_tests::kafka::client_config()
+            .set("group.id", sluice_tests::unique_name("g"))
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[&read_out]).unwrap();
+        let mut positions = Vec::new();
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while positions.len() < 300 && std::time::Instant::now() < deadline {
+            let Some(message) = consumer.poll(std::time::Duration::from_millis(200)) else {
+                continue;
+            };
+            let message = message.unwrap();
+            let headers = message.headers().expect("sluice headers");
+            let header = |name: &str| {
+                (0..headers.count())
+                    .map(|i| headers.get(i))
+                    .find(|h| h.key == name)
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8(v.to_vec()).unwrap())
+            };
+            assert!(header("sluice.query").is_some() && header("sluice.batch").is_some());
+            positions.push(header("sluice.position").unwrap());
+        }
+        positions
+    })
+    .await
+    .unwrap();
+    let unique: BTreeSet<&String> = positions.iter().collect();
+    assert_eq!(positions.len(), 300, "every record produced");
+    assert_eq!(unique.len(), 300, "each position once");
+    assert!(unique.contains(&format!("{topic}-1@149")));
+    delete_topic(&topic).await;
+    delete_topic(&out_topic).await;
+}

@@ -204,7 +204,8 @@ fn spark_compat(root: &Path) -> Result<()> {
 }
 
 fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {
-    let mut args = vec!["test", "--workspace"];
+    // Every test binary runs, so one failure does not hide the others.
+    let mut args = vec!["test", "--workspace", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));
     cargo(root, &args)
 }

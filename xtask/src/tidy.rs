@@ -170,11 +170,16 @@ fn dependency_versions_are_pinned_once_in_the_workspace() {
 fn every_crate_says_its_job_in_a_doc_comment() {
     for (dir, manifest) in members() {
         let name = package_name(&manifest);
-        let entry = ["src/lib.rs", "src/main.rs"]
-            .iter()
-            .map(|f| dir.join(f))
+        let declared = manifest
+            .get("lib")
+            .and_then(|lib| lib.get("path"))
+            .and_then(|path| path.as_str())
+            .map(|path| dir.join(path));
+        let entry = declared
+            .into_iter()
+            .chain(["src/lib.rs", "src/main.rs"].iter().map(|f| dir.join(f)))
             .find(|p| p.exists())
-            .unwrap_or_else(|| panic!("{name} has neither src/lib.rs nor src/main.rs"));
+            .unwrap_or_else(|| panic!("{name} has no library or binary source to check"));
         let text = fs::read_to_string(&entry).expect("readable source");
         assert!(
             text.trim_start().starts_with("//!"),

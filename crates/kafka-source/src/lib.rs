@@ -1,5 +1,6 @@
 //! The Kafka source of Sluice, over `rdkafka`: partition discovery, watermarks,
-//! offsets by timestamp, reading planned offset ranges and detecting data loss.
+//! offsets by timestamp, reading planned offset ranges and detecting data loss;
+//! and the `kafka` sink ([`KafkaSink`]), which produces to an output topic.
 //!
 //! It implements the [`Source`] trait of `sluice-offsets`; the decisions themselves
 //! (rate limits, data-loss classification) stay in that crate. Every blocking
@@ -10,6 +11,7 @@ mod config;
 mod discovery;
 mod error;
 mod reader;
+mod sink;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use sluice_offsets::{
 use client::{Client, Position};
 pub use config::{KafkaSourceConfig, TopicSelection};
 pub use error::KafkaSourceError;
+pub use sink::{KafkaSink, KafkaSinkConfig};
 
 /// Routes librdkafka's own log lines to `tracing`.
 pub struct SourceContext;

@@ -114,6 +114,13 @@ pub struct SinkSection {
     pub kind: String,
     pub path: Option<PathBuf>,
     pub format: Option<String>,
+    /// The output topic of a `kafka` sink.
+    pub topic: Option<String>,
+    /// The output cluster of a `kafka` sink; the source's by default.
+    pub bootstrap_servers: Option<String>,
+    /// Producer options of a `kafka` sink, passed through.
+    #[serde(default)]
+    pub kafka: BTreeMap<String, toml::Value>,
 }
 
 /// `[progress]`.
@@ -131,6 +138,7 @@ pub struct ProgressSection {
 pub enum SinkKind {
     Console { json: bool },
     Jsonl { path: PathBuf },
+    Kafka(sluice_kafka_source::KafkaSinkConfig),
 }
 
 /// Everything the runner needs, checked.
@@ -231,16 +239,7 @@ fn settings(config: Config) -> Result<Settings> {
     if let Some(ms) = source.fetch_offset_retry_interval_ms {
         kafka.fetch_offset_retry_interval = Duration::from_millis(ms);
     }
-    for (key, value) in source.kafka {
-        let text = match value {
-            toml::Value::String(s) => s,
-            toml::Value::Integer(i) => i.to_string(),
-            toml::Value::Boolean(b) => b.to_string(),
-            toml::Value::Float(f) => f.to_string(),
-            other => bail!("[source.kafka] {key} must be a string, number or boolean, not {other}"),
-        };
-        kafka.client_options.insert(key, text);
-    }
+    kafka.client_options = client_options("source.kafka", source.kafka)?;
     kafka.validate()?;
 
     let fallback = match source.starting_offsets_by_timestamp_strategy.as_deref() {
@@ -329,7 +328,18 @@ fn settings(config: Config) -> Result<Settings> {
                 .path
                 .context("a jsonl sink needs sink.path, the directory to write batch files to")?,
         },
-        other => bail!("sink.type must be \"console\" or \"jsonl\", not {other:?}"),
+        "kafka" => SinkKind::Kafka(sluice_kafka_source::KafkaSinkConfig {
+            bootstrap_servers: config
+                .sink
+                .bootstrap_servers
+                .unwrap_or_else(|| kafka.bootstrap_servers.clone()),
+            topic: config
+                .sink
+                .topic
+                .context("a kafka sink needs sink.topic, the topic to produce to")?,
+            client_options: client_options("sink.kafka", config.sink.kafka)?,
+        }),
+        other => bail!("sink.type must be \"console\", \"jsonl\" or \"kafka\", not {other:?}"),
     };
 
     let mut retry = sluice_executor::RetryPolicy::default();
@@ -364,6 +374,26 @@ fn settings(config: Config) -> Result<Settings> {
         progress: config.progress,
         source_description: description,
     })
+}
+
+/// librdkafka options from a TOML table: strings, numbers and booleans as text.
+fn client_options(
+    table: &str,
+    values: BTreeMap<String, toml::Value>,
+) -> Result<BTreeMap<String, String>> {
+    values
+        .into_iter()
+        .map(|(key, value)| {
+            let text = match value {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                other => bail!("[{table}] {key} must be a string, number or boolean, not {other}"),
+            };
+            Ok((key, text))
+        })
+        .collect()
 }
 
 fn parse_duration(key: &str, text: &str) -> Result<Duration> {

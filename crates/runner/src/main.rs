@@ -140,6 +140,12 @@ async fn run(config: PathBuf) -> Result<(), Exit> {
             )
             .await
         }
+        SinkKind::Kafka(config) => {
+            let description = format!("kafka[{}]", config.topic);
+            let sink = sluice_kafka_source::KafkaSink::new(config, &query_id)
+                .map_err(|e| Exit::config(e.into()))?;
+            run_query(settings, query_id, source, checkpoint, sink, description).await
+        }
         SinkKind::Jsonl { path } => {
             let sink = JsonlSink::new(&path).map_err(|e| Exit::runtime(e.into()))?;
             let description = format!("jsonl[{}]", path.display());
