@@ -542,3 +542,57 @@ async fn the_kafka_sink_produces_every_record_with_position_headers() {
     delete_topic(&topic).await;
     delete_topic(&out_topic).await;
 }
+
+#[tokio::test]
+async fn validate_checks_the_topics_and_honours_the_environment() {
+    let topic = sluice_tests::unique_name("validate");
+    create_topic(&topic, 3).await;
+    let job = Job::new(&topic);
+    let config = job.config("");
+    let output = run(&["validate", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let said = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        said.contains("valid; Kafka at") && said.contains("3 partitions"),
+        "{said}"
+    );
+    assert!(!job.checkpoint().exists(), "validate writes nothing");
+
+    let missing = Job::new(&sluice_tests::unique_name("absent"));
+    let output = run(&["validate", "--config", missing.config("").to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(&format!("has no {}", missing.topic)),
+        "{}",
+        stderr(&output)
+    );
+
+    // The environment overrides the file's checkpoint and bootstrap servers.
+    let elsewhere = job.dir.path().join("elsewhere");
+    let output = Command::new(sluice())
+        .args(["validate", "--config", config.to_str().unwrap()])
+        .env("SLUICE_CHECKPOINT_LOCATION", &elsewhere)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        said.contains(&format!("checkpoint {}", elsewhere.display())),
+        "{said}"
+    );
+    let unreachable = job.config_with(
+        "fetch_offset_num_retries = 0\nrequest_timeout_ms = 2000",
+        "available_now = true",
+    );
+    let output = Command::new(sluice())
+        .args(["validate", "--config", unreachable.to_str().unwrap()])
+        .env("SLUICE_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("cannot reach Kafka at 127.0.0.1:1"),
+        "{}",
+        stderr(&output)
+    );
+    delete_topic(&topic).await;
+}

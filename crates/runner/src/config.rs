@@ -75,6 +75,7 @@ pub struct SourceSection {
     pub poll_timeout_ms: Option<u64>,
     pub fetch_offset_num_retries: Option<u32>,
     pub fetch_offset_retry_interval_ms: Option<u64>,
+    pub request_timeout_ms: Option<u64>,
     pub group_id: Option<String>,
     #[serde(default)]
     pub commit_progress: bool,
@@ -238,6 +239,9 @@ fn settings(config: Config) -> Result<Settings> {
     }
     if let Some(ms) = source.fetch_offset_retry_interval_ms {
         kafka.fetch_offset_retry_interval = Duration::from_millis(ms);
+    }
+    if let Some(ms) = source.request_timeout_ms {
+        kafka.request_timeout = Duration::from_millis(ms);
     }
     kafka.client_options = client_options("source.kafka", source.kafka)?;
     kafka.validate()?;
