@@ -223,12 +223,42 @@ async fn a_second_runner_on_the_checkpoint_is_refused() {
     create_topic(&topic, 1).await;
     let job = Job::new(&topic);
     let held = sluice_checkpoint_fs::Checkpoint::open(job.checkpoint()).unwrap();
-    let output = job.run("");
+    let config = job.config("");
+    let output = run(&[
+        "--log-format",
+        "json",
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
     assert_eq!(output.status.code(), Some(4), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("is in use by another runner"),
         "{}",
         stderr(&output)
+    );
+    let first_log_line = stderr(&output)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let parsed: serde_json::Value = serde_json::from_str(&first_log_line).unwrap();
+    assert_eq!(parsed["level"], "ERROR", "{first_log_line}");
+
+    // Moving the offsets is refused too while a runner holds the checkpoint.
+    let moved = run(&[
+        "offsets",
+        "set",
+        "--checkpoint",
+        job.checkpoint().to_str().unwrap(),
+        "--offsets",
+        &format!("{{\"{topic}\":{{\"0\":0}}}}"),
+    ]);
+    assert_eq!(moved.status.code(), Some(4), "{}", stderr(&moved));
+    assert!(
+        stderr(&moved).contains("is in use by another runner"),
+        "{}",
+        stderr(&moved)
     );
     drop(held);
     delete_topic(&topic).await;
