@@ -7,3 +7,4 @@ mod kafka_smoke;
 mod kafka_source;
 mod runner;
 mod spark_checkpoint;
+mod store_suite;

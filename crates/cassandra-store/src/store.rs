@@ -1,0 +1,637 @@
+//! The offset store: one Cassandra partition per query holds its epoch (static
+//! columns) and its plans and commits (rows), so that every write can be
+//! conditional on the epoch in one lightweight transaction.
+
+use std::time::Duration;
+
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::{Consistency, SerialConsistency};
+use scylla::value::{CqlValue, Row};
+use sluice_offsets::{
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, StoredBatches,
+    offsets_from_json, offsets_to_json,
+};
+
+use crate::error::query_error;
+use crate::{CassandraLocation, CassandraStoreError};
+
+/// How the store talks to Cassandra.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CassandraOptions {
+    /// Create the keyspace (with this replication) when it is missing.
+    pub replication: Option<String>,
+    /// Create Sluice's tables when they are missing (default true).
+    pub create_schema: bool,
+    /// Consistency of reads and writes (default LOCAL_QUORUM).
+    pub consistency: Consistency,
+    /// Serial consistency of the conditional writes (default LOCAL_SERIAL).
+    pub serial_consistency: SerialConsistency,
+    /// Timeout of one request.
+    pub request_timeout: Duration,
+    /// Who this runner is, recorded with its claim (host and pid by default).
+    pub owner: String,
+}
+
+impl Default for CassandraOptions {
+    fn default() -> Self {
+        CassandraOptions {
+            replication: None,
+            create_schema: true,
+            consistency: Consistency::LocalQuorum,
+            serial_consistency: SerialConsistency::LocalSerial,
+            request_timeout: Duration::from_secs(10),
+            owner: default_owner(),
+        }
+    }
+}
+
+fn default_owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".to_owned());
+    format!("pid={} host={host}", std::process::id())
+}
+
+/// The table of plans, commits and the claim.
+pub const LOG_TABLE: &str = "sluice_log";
+/// The latest committed offsets, one plain row per partition, for anyone to read.
+pub const OFFSETS_TABLE: &str = "sluice_offsets";
+
+/// The Cassandra offset store of one query, holding its claim (epoch).
+pub struct CassandraStore {
+    session: Session,
+    location: CassandraLocation,
+    options: CassandraOptions,
+    query_id: String,
+    epoch: i64,
+    write_plan: PreparedStatement,
+    write_commit: PreparedStatement,
+    write_initial: PreparedStatement,
+    write_offset: PreparedStatement,
+    load: PreparedStatement,
+    read_claim: PreparedStatement,
+    last_plan: Option<BatchPlan>,
+}
+
+impl CassandraStore {
+    /// Connects, checks or creates the schema, and claims the query by raising
+    /// its epoch. From then on, a runner that claims it later fences this one out.
+    pub async fn open(
+        location: CassandraLocation,
+        options: CassandraOptions,
+    ) -> Result<CassandraStore, CassandraStoreError> {
+        let session = SessionBuilder::new()
+            .known_nodes(&location.nodes)
+            .connection_timeout(options.request_timeout)
+            .build()
+            .await
+            .map_err(|source| CassandraStoreError::Connect {
+                nodes: location.nodes.join(","),
+                source: Box::new(source),
+            })?;
+        ensure_schema(&session, &location, &options).await?;
+
+        let ks = &location.keyspace;
+        let prepare = |cql: String| {
+            let session = &session;
+            let options = &options;
+            async move {
+                let mut statement = session
+                    .prepare(cql.clone())
+                    .await
+                    .map_err(query_error(format!("preparing {cql}")))?;
+                statement.set_consistency(options.consistency);
+                statement.set_serial_consistency(Some(options.serial_consistency));
+                statement.set_request_timeout(Some(options.request_timeout));
+                Ok::<_, CassandraStoreError>(statement)
+            }
+        };
+        let write_plan = prepare(format!(
+            "UPDATE {ks}.{LOG_TABLE} SET start_offsets = ?, end_offsets = ?, watermark_ms = ?, \
+             timestamp_ms = ?, conf = ? WHERE query = ? AND kind = 'plan' AND batch_id = ? \
+             IF epoch = ? AND end_offsets = null"
+        ))
+        .await?;
+        let write_commit = prepare(format!(
+            "UPDATE {ks}.{LOG_TABLE} SET watermark_ms = ? WHERE query = ? AND kind = 'commit' \
+             AND batch_id = ? IF epoch = ? AND watermark_ms = null"
+        ))
+        .await?;
+        let write_initial = prepare(format!(
+            "UPDATE {ks}.{LOG_TABLE} SET end_offsets = ? WHERE query = ? AND kind = 'initial' \
+             AND batch_id = 0 IF epoch = ? AND end_offsets = null"
+        ))
+        .await?;
+        let write_offset = prepare(format!(
+            "UPDATE {ks}.{OFFSETS_TABLE} SET offset = ?, batch_id = ? WHERE query = ? AND topic = ? \
+             AND partition = ?"
+        ))
+        .await?;
+        let load = prepare(format!(
+            "SELECT kind, batch_id, start_offsets, end_offsets, watermark_ms, timestamp_ms, conf, \
+             epoch, owner FROM {ks}.{LOG_TABLE} WHERE query = ?"
+        ))
+        .await?;
+        let mut read_claim = prepare(format!(
+            "SELECT query_id, epoch, owner FROM {ks}.{LOG_TABLE} WHERE query = ? LIMIT 1"
+        ))
+        .await?;
+        // The claim must see every completed conditional write.
+        read_claim.set_consistency(match options.serial_consistency {
+            SerialConsistency::Serial => Consistency::Serial,
+            SerialConsistency::LocalSerial => Consistency::LocalSerial,
+        });
+        let insert_claim = prepare(format!(
+            "INSERT INTO {ks}.{LOG_TABLE} (query, query_id, epoch, owner) VALUES (?, ?, 1, ?) \
+             IF NOT EXISTS"
+        ))
+        .await?;
+        let raise_claim = prepare(format!(
+            "UPDATE {ks}.{LOG_TABLE} SET epoch = ?, owner = ? WHERE query = ? IF epoch = ?"
+        ))
+        .await?;
+
+        let mut store = CassandraStore {
+            session,
+            location,
+            options,
+            query_id: String::new(),
+            epoch: 0,
+            write_plan,
+            write_commit,
+            write_initial,
+            write_offset,
+            load,
+            read_claim,
+            last_plan: None,
+        };
+        store.claim(&insert_claim, &raise_claim).await?;
+        Ok(store)
+    }
+
+    /// The query id, created with the query's first claim.
+    pub fn id(&self) -> &str {
+        &self.query_id
+    }
+
+    /// This runner's epoch.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    /// Raises the query's epoch by one with a conditional write, retrying when
+    /// another runner claims at the same moment.
+    async fn claim(
+        &mut self,
+        insert: &PreparedStatement,
+        raise: &PreparedStatement,
+    ) -> Result<(), CassandraStoreError> {
+        let query = self.location.query.clone();
+        for _ in 0..10 {
+            let current = self.read_claim().await?;
+            let applied = match current {
+                None => {
+                    let id = uuid::Uuid::new_v4().to_string();
+                    let result = self
+                        .session
+                        .execute_unpaged(insert, (&query, &id, &self.options.owner))
+                        .await
+                        .map_err(query_error(format!("claiming query {query}")))?;
+                    applied(result)?.0.then_some((id, 1))
+                }
+                Some((id, epoch, _)) => {
+                    let next = epoch + 1;
+                    let result = self
+                        .session
+                        .execute_unpaged(raise, (next, &self.options.owner, &query, epoch))
+                        .await
+                        .map_err(query_error(format!("claiming query {query}")))?;
+                    applied(result)?.0.then_some((id, next))
+                }
+            };
+            if let Some((id, epoch)) = applied {
+                tracing::info!(query = %query, epoch, "claimed the query");
+                self.query_id = id;
+                self.epoch = epoch;
+                return Ok(());
+            }
+        }
+        Err(CassandraStoreError::Query {
+            what: format!("claiming query {query}"),
+            source: "other runners kept claiming it at the same time".into(),
+        })
+    }
+
+    /// The claim as stored: query id, epoch and owner.
+    async fn read_claim(&self) -> Result<Option<(String, i64, String)>, CassandraStoreError> {
+        let what = || format!("reading the claim of query {}", self.location.query);
+        let result = self
+            .session
+            .execute_unpaged(&self.read_claim, (&self.location.query,))
+            .await
+            .map_err(query_error(what()))?
+            .into_rows_result()
+            .map_err(query_error(what()))?;
+        let row = result
+            .maybe_first_row::<(Option<String>, Option<i64>, Option<String>)>()
+            .map_err(query_error(what()))?;
+        Ok(match row {
+            Some((Some(id), Some(epoch), owner)) => Some((id, epoch, owner.unwrap_or_default())),
+            _ => None,
+        })
+    }
+
+    fn entry(&self, kind: &str, batch: BatchId) -> String {
+        format!(
+            "{}.{LOG_TABLE} query={} kind={kind} batch_id={batch}",
+            self.location.keyspace, self.location.query
+        )
+    }
+
+    /// Turns a refused conditional write into the reason: fenced, or the entry exists.
+    async fn refused(
+        &self,
+        kind: &str,
+        batch: BatchId,
+        current_epoch: Option<i64>,
+    ) -> CassandraStoreError {
+        let current = match current_epoch {
+            Some(epoch) => Some((epoch, String::new())),
+            None => self
+                .read_claim()
+                .await
+                .ok()
+                .flatten()
+                .map(|(_, e, o)| (e, o)),
+        };
+        match current {
+            Some((epoch, owner)) if epoch != self.epoch => {
+                let owner = if owner.is_empty() {
+                    self.read_claim()
+                        .await
+                        .ok()
+                        .flatten()
+                        .map(|c| c.2)
+                        .unwrap_or_default()
+                } else {
+                    owner
+                };
+                CassandraStoreError::Fenced {
+                    query: self.location.query.clone(),
+                    epoch: self.epoch,
+                    current_epoch: epoch,
+                    owner,
+                }
+            }
+            _ => CassandraStoreError::AlreadyExists {
+                entry: self.entry(kind, batch),
+            },
+        }
+    }
+
+    fn fenced_if_moved(&self, epoch: i64, owner: &str) -> Result<(), CassandraStoreError> {
+        if epoch != self.epoch {
+            return Err(CassandraStoreError::Fenced {
+                query: self.location.query.clone(),
+                epoch: self.epoch,
+                current_epoch: epoch,
+                owner: owner.to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Reads `[applied]` and the current epoch from a conditional write's result.
+fn applied(
+    result: scylla::response::query_result::QueryResult,
+) -> Result<(bool, Option<i64>), CassandraStoreError> {
+    let rows = result
+        .into_rows_result()
+        .map_err(query_error("reading a conditional write's result"))?;
+    let epoch_index = rows.column_specs().get_by_name("epoch").map(|(i, _)| i);
+    let row = rows
+        .maybe_first_row::<Row>()
+        .map_err(query_error("reading a conditional write's result"))?;
+    let Some(row) = row else {
+        return Ok((false, None));
+    };
+    let applied = matches!(row.columns.first(), Some(Some(CqlValue::Boolean(true))));
+    let epoch = epoch_index
+        .and_then(|i| row.columns.get(i).cloned().flatten())
+        .and_then(|v| match v {
+            CqlValue::BigInt(e) => Some(e),
+            _ => None,
+        });
+    Ok((applied, epoch))
+}
+
+async fn ensure_schema(
+    session: &Session,
+    location: &CassandraLocation,
+    options: &CassandraOptions,
+) -> Result<(), CassandraStoreError> {
+    let ks = &location.keyspace;
+    let exists = |what: String, cql: &'static str, values: Vec<String>| async move {
+        let result = session
+            .query_unpaged(cql, values)
+            .await
+            .map_err(query_error(what.clone()))?
+            .into_rows_result()
+            .map_err(query_error(what))?;
+        Ok::<bool, CassandraStoreError>(result.rows_num() > 0)
+    };
+    let keyspace_exists = exists(
+        format!("looking for keyspace {ks}"),
+        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+        vec![ks.clone()],
+    )
+    .await?;
+    if !keyspace_exists {
+        let Some(replication) = &options.replication else {
+            return Err(CassandraStoreError::MissingKeyspace {
+                keyspace: ks.clone(),
+            });
+        };
+        session
+            .query_unpaged(
+                format!("CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {replication}"),
+                (),
+            )
+            .await
+            .map_err(query_error(format!("creating keyspace {ks}")))?;
+    }
+    let tables = [
+        (
+            LOG_TABLE,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {ks}.{LOG_TABLE} (query text, kind text, batch_id bigint, \
+                 query_id text static, epoch bigint static, owner text static, start_offsets text, \
+                 end_offsets text, watermark_ms bigint, timestamp_ms bigint, conf text, \
+                 PRIMARY KEY (query, kind, batch_id))"
+            ),
+        ),
+        (
+            OFFSETS_TABLE,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {ks}.{OFFSETS_TABLE} (query text, topic text, \
+                 partition int, offset bigint, batch_id bigint, PRIMARY KEY (query, topic, partition))"
+            ),
+        ),
+    ];
+    for (table, create) in tables {
+        if options.create_schema {
+            session
+                .query_unpaged(create, ())
+                .await
+                .map_err(query_error(format!("creating table {ks}.{table}")))?;
+        } else {
+            let present = exists(
+                format!("looking for table {ks}.{table}"),
+                "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = ?",
+                vec![ks.clone(), table.to_owned()],
+            )
+            .await?;
+            if !present {
+                return Err(CassandraStoreError::MissingTable {
+                    table: format!("{ks}.{table}"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One row of the log, as loaded.
+type LogRow = (
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+);
+
+impl OffsetStore for CassandraStore {
+    type Error = CassandraStoreError;
+
+    async fn load(&mut self) -> Result<StoredBatches, CassandraStoreError> {
+        let what = || format!("loading query {}", self.location.query);
+        let result = self
+            .session
+            .execute_unpaged(&self.load, (&self.location.query,))
+            .await
+            .map_err(query_error(what()))?
+            .into_rows_result()
+            .map_err(query_error(what()))?;
+        let mut stored = StoredBatches::default();
+        let mut plans = Vec::new();
+        let mut commits = Vec::new();
+        for row in result.rows::<LogRow>().map_err(query_error(what()))? {
+            let (kind, batch, start, end, watermark, timestamp, conf, epoch, owner) =
+                row.map_err(query_error(what()))?;
+            if let Some(epoch) = epoch {
+                self.fenced_if_moved(epoch, owner.as_deref().unwrap_or_default())?;
+            }
+            let (Some(kind), Some(batch)) = (kind, batch) else {
+                continue;
+            };
+            let batch = BatchId(u64::try_from(batch).unwrap_or_default());
+            let entry = self.entry(&kind, batch);
+            let parse = |json: Option<String>, field: &str| {
+                let json = json.ok_or_else(|| CassandraStoreError::Damaged {
+                    entry: entry.clone(),
+                    problem: format!("{field} is null"),
+                })?;
+                offsets_from_json(&json).map_err(|e| CassandraStoreError::Damaged {
+                    entry: entry.clone(),
+                    problem: format!("{field}: {e}"),
+                })
+            };
+            match kind.as_str() {
+                "plan" => {
+                    let start = parse(start, "start_offsets")?;
+                    let end = parse(end, "end_offsets")?;
+                    let conf = match conf.as_deref() {
+                        None | Some("") => Default::default(),
+                        Some(text) => serde_json::from_str(text).map_err(|e| {
+                            CassandraStoreError::Damaged {
+                                entry: entry.clone(),
+                                problem: format!("conf: {e}"),
+                            }
+                        })?,
+                    };
+                    let metadata = BatchMetadata {
+                        watermark_ms: watermark.unwrap_or_default(),
+                        timestamp_ms: timestamp.unwrap_or_default(),
+                        conf,
+                    };
+                    let plan =
+                        BatchPlan::from_offsets(batch, &start, &end, metadata).map_err(|e| {
+                            CassandraStoreError::Damaged {
+                                entry: entry.clone(),
+                                problem: e.to_string(),
+                            }
+                        })?;
+                    plans.push(plan);
+                }
+                "commit" => commits.push(BatchCommit {
+                    id: batch,
+                    next_watermark_ms: watermark.unwrap_or_default(),
+                }),
+                "initial" => stored.initial_offsets = Some(parse(end, "end_offsets")?),
+                _ => {}
+            }
+        }
+        plans.sort_by_key(BatchPlan::id);
+        commits.sort_by_key(|c| c.id);
+        stored.planned = plans.iter().map(BatchPlan::id).collect();
+        stored.committed = commits.iter().map(|c| c.id).collect();
+        stored.latest_plan = plans.pop();
+        stored.latest_commit = commits.pop();
+        self.last_plan = stored.latest_plan.clone();
+        Ok(stored)
+    }
+
+    async fn write_plan(&mut self, plan: &BatchPlan) -> Result<(), CassandraStoreError> {
+        let batch = plan.id();
+        let start = offsets_to_json(&plan.start_offsets());
+        let end = offsets_to_json(&plan.end_offsets());
+        let query = &self.location.query;
+        if batch == BatchId::FIRST {
+            let result = self
+                .session
+                .execute_unpaged(&self.write_initial, (&start, query, self.epoch))
+                .await
+                .map_err(query_error(format!(
+                    "writing {}",
+                    self.entry("initial", batch)
+                )))?;
+            let (done, epoch) = applied(result)?;
+            if !done && epoch.is_some_and(|e| e != self.epoch) {
+                return Err(self.refused("initial", batch, epoch).await);
+            }
+        }
+        let metadata = plan.metadata();
+        let conf = serde_json::to_string(&metadata.conf).unwrap_or_default();
+        let values = (
+            &start,
+            &end,
+            metadata.watermark_ms,
+            metadata.timestamp_ms,
+            &conf,
+            query,
+            i64::try_from(batch.0).unwrap_or(i64::MAX),
+            self.epoch,
+        );
+        let result = self
+            .session
+            .execute_unpaged(&self.write_plan, values)
+            .await
+            .map_err(query_error(format!(
+                "writing {}",
+                self.entry("plan", batch)
+            )))?;
+        let (done, epoch) = applied(result)?;
+        if !done {
+            return Err(self.refused("plan", batch, epoch).await);
+        }
+        self.last_plan = Some(plan.clone());
+        Ok(())
+    }
+
+    async fn write_commit(&mut self, commit: &BatchCommit) -> Result<(), CassandraStoreError> {
+        let batch = commit.id;
+        let plan = match &self.last_plan {
+            Some(plan) if plan.id() == batch => plan.clone(),
+            _ => {
+                let stored = self.load().await?;
+                match stored.latest_plan {
+                    Some(plan) if plan.id() == batch => plan,
+                    _ => {
+                        return Err(CassandraStoreError::CommitWithoutPlan {
+                            query: self.location.query.clone(),
+                            batch: batch.0,
+                        });
+                    }
+                }
+            }
+        };
+        let values = (
+            commit.next_watermark_ms,
+            &self.location.query,
+            i64::try_from(batch.0).unwrap_or(i64::MAX),
+            self.epoch,
+        );
+        let result = self
+            .session
+            .execute_unpaged(&self.write_commit, values)
+            .await
+            .map_err(query_error(format!(
+                "writing {}",
+                self.entry("commit", batch)
+            )))?;
+        let (done, epoch) = applied(result)?;
+        if !done {
+            return Err(self.refused("commit", batch, epoch).await);
+        }
+        // The plain latest-offsets table, for people and tools reading with CQL.
+        for (tp, offset) in plan.end_offsets() {
+            self.session
+                .execute_unpaged(
+                    &self.write_offset,
+                    (
+                        offset.value(),
+                        i64::try_from(batch.0).unwrap_or(i64::MAX),
+                        &self.location.query,
+                        &tp.topic,
+                        tp.partition,
+                    ),
+                )
+                .await
+                .map_err(query_error(format!(
+                    "recording {tp} at {offset} in {}.{OFFSETS_TABLE}",
+                    self.location.keyspace
+                )))?;
+        }
+        Ok(())
+    }
+
+    async fn purge(&mut self, keep_from: BatchId) -> Result<(), CassandraStoreError> {
+        if let Some((_, epoch, owner)) = self.read_claim().await? {
+            self.fenced_if_moved(epoch, &owner)?;
+        }
+        let ks = &self.location.keyspace;
+        for kind in ["plan", "commit"] {
+            self.session
+                .query_unpaged(
+                    format!(
+                        "DELETE FROM {ks}.{LOG_TABLE} WHERE query = ? AND kind = ? AND batch_id < ?"
+                    ),
+                    (
+                        &self.location.query,
+                        kind,
+                        i64::try_from(keep_from.0).unwrap_or(i64::MAX),
+                    ),
+                )
+                .await
+                .map_err(query_error(format!(
+                    "purging {kind}s before batch {keep_from}"
+                )))?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self, log: Log, batch: BatchId) -> String {
+        let kind = match log {
+            Log::Plans => "plan",
+            Log::Commits => "commit",
+        };
+        self.entry(kind, batch)
+    }
+}

@@ -1,0 +1,303 @@
+//! One behaviour suite for every offset store, run against the filesystem
+//! checkpoint and against the real Cassandra node: fresh start, plan → crash →
+//! replay, commit → next batch, two writers, retention, and damaged or
+//! inconsistent logs.
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore};
+use sluice_checkpoint_fs::Checkpoint;
+use sluice_offsets::{
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, Offset, OffsetStore, PartitionOffsets,
+    Recovery, TopicPartition, purge_threshold,
+};
+
+/// Opens stores of one query, as successive runners would.
+trait Harness {
+    type Store: OffsetStore;
+
+    /// A new runner's store for the query.
+    fn open(&self) -> impl Future<Output = Result<Self::Store, String>>;
+
+    /// Corrupts the stored plan of `batch` behind the store's back.
+    fn damage_plan(&self, batch: u64) -> impl Future<Output = ()>;
+}
+
+fn plan(batch: u64) -> BatchPlan {
+    let offsets = |base: i64| -> PartitionOffsets {
+        (0..3)
+            .map(|p| {
+                (
+                    TopicPartition::new("events", p),
+                    Offset::new(base + i64::from(p)).unwrap(),
+                )
+            })
+            .collect()
+    };
+    let from = batch as i64 * 10;
+    BatchPlan::from_offsets(
+        BatchId(batch),
+        &offsets(from),
+        &offsets(from + 10),
+        BatchMetadata {
+            watermark_ms: 0,
+            timestamp_ms: 1_700_000_000_000 + batch as i64,
+            conf: Default::default(),
+        },
+    )
+    .unwrap()
+}
+
+fn commit(batch: u64) -> BatchCommit {
+    BatchCommit {
+        id: BatchId(batch),
+        next_watermark_ms: 0,
+    }
+}
+
+async fn run_batch<S: OffsetStore>(store: &mut S, batch: u64) {
+    store.write_plan(&plan(batch)).await.unwrap();
+    store.write_commit(&commit(batch)).await.unwrap();
+}
+
+async fn fresh_start(h: &impl Harness) {
+    let mut store = h.open().await.unwrap();
+    let stored = store.load().await.unwrap();
+    assert_eq!(stored.recovery(), Ok(Recovery::StartFresh));
+    assert!(stored.latest_plan.is_none() && stored.initial_offsets.is_none());
+}
+
+async fn plan_crash_replay(h: &impl Harness) {
+    {
+        let mut store = h.open().await.unwrap();
+        run_batch(&mut store, 0).await;
+        store.write_plan(&plan(1)).await.unwrap();
+        // The runner dies here.
+    }
+    let mut store = h.open().await.unwrap();
+    let stored = store.load().await.unwrap();
+    assert_eq!(
+        stored.recovery(),
+        Ok(Recovery::Replay { batch: BatchId(1) })
+    );
+    assert_eq!(stored.latest_plan, Some(plan(1)), "identical ranges");
+    assert_eq!(stored.initial_offsets, Some(plan(0).start_offsets()));
+    store.write_commit(&commit(1)).await.unwrap();
+}
+
+async fn commit_then_next(h: &impl Harness) {
+    {
+        let mut store = h.open().await.unwrap();
+        for batch in 0..3 {
+            run_batch(&mut store, batch).await;
+        }
+    }
+    let mut store = h.open().await.unwrap();
+    let stored = store.load().await.unwrap();
+    assert_eq!(
+        stored.recovery(),
+        Ok(Recovery::RunNext {
+            last_committed: BatchId(2),
+            next: BatchId(3)
+        })
+    );
+    assert_eq!(
+        stored.latest_plan.unwrap().end_offsets(),
+        plan(3).start_offsets()
+    );
+}
+
+async fn two_writers(h: &impl Harness) {
+    let mut first = h.open().await.unwrap();
+    run_batch(&mut first, 0).await;
+    match h.open().await {
+        // The filesystem lock refuses the second runner outright.
+        Err(message) => {
+            assert!(message.contains("in use by another runner"), "{message}");
+            run_batch(&mut first, 1).await;
+        }
+        // Cassandra lets the newer runner in and fences the older one out.
+        Ok(mut second) => {
+            let refused = first.write_plan(&plan(1)).await.unwrap_err().to_string();
+            assert!(refused.contains("was taken over by"), "{refused}");
+            let refused = first
+                .write_commit(&commit(0))
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(
+                refused.contains("taken over") || refused.contains("already exists"),
+                "{refused}"
+            );
+            let stored = second.load().await.unwrap();
+            assert_eq!(
+                stored.planned,
+                vec![BatchId(0)],
+                "nothing of the old runner after the takeover"
+            );
+            run_batch(&mut second, 1).await;
+            let stored = second.load().await.unwrap();
+            assert_eq!(stored.planned, vec![BatchId(0), BatchId(1)]);
+        }
+    }
+}
+
+async fn retention(h: &impl Harness) {
+    let mut store = h.open().await.unwrap();
+    for batch in 0..130 {
+        run_batch(&mut store, batch).await;
+        if let Some(keep_from) = purge_threshold(BatchId(batch), 100) {
+            store.purge(keep_from).await.unwrap();
+        }
+    }
+    let stored = store.load().await.unwrap();
+    assert_eq!(stored.planned, (30..130).map(BatchId).collect::<Vec<_>>());
+    assert_eq!(stored.committed, (30..130).map(BatchId).collect::<Vec<_>>());
+    assert!(stored.initial_offsets.is_some(), "batch 0's start is kept");
+}
+
+async fn damaged_and_inconsistent(h: &impl Harness) {
+    let mut store = h.open().await.unwrap();
+    run_batch(&mut store, 0).await;
+    // A commit without its plan is refused, and an existing entry is never replaced.
+    let err = store
+        .write_commit(&commit(5))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("plan"), "{err}");
+    let err = store.write_plan(&plan(0)).await.unwrap_err().to_string();
+    assert!(err.contains("already exists"), "{err}");
+
+    store.write_plan(&plan(1)).await.unwrap();
+    drop(store);
+    h.damage_plan(1).await;
+    let mut store = h.open().await.unwrap_or_else(|e| panic!("{e}"));
+    let err = store.load().await.unwrap_err().to_string();
+    assert!(err.contains("damaged") && err.contains('1'), "{err}");
+}
+
+struct FsHarness {
+    dir: tempfile::TempDir,
+}
+
+impl FsHarness {
+    fn new() -> Self {
+        FsHarness {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("checkpoint")
+    }
+}
+
+impl Harness for FsHarness {
+    type Store = Checkpoint;
+
+    async fn open(&self) -> Result<Checkpoint, String> {
+        Checkpoint::open(self.path()).map_err(|e| e.to_string())
+    }
+
+    async fn damage_plan(&self, batch: u64) {
+        let path = self.path().join("offsets").join(batch.to_string());
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(path, "v1\n{\"batchWatermarkMs\":0}\n{\"events\":").unwrap();
+    }
+}
+
+struct CassandraHarness {
+    location: CassandraLocation,
+}
+
+impl CassandraHarness {
+    fn new(keyspace: &str) -> Self {
+        CassandraHarness {
+            location: CassandraLocation {
+                nodes: sluice_tests::cassandra_nodes(),
+                keyspace: keyspace.to_owned(),
+                query: sluice_tests::unique_name("q"),
+            },
+        }
+    }
+}
+
+fn options() -> CassandraOptions {
+    CassandraOptions {
+        replication: Some("{'class': 'SimpleStrategy', 'replication_factor': 1}".to_owned()),
+        ..CassandraOptions::default()
+    }
+}
+
+impl Harness for CassandraHarness {
+    type Store = CassandraStore;
+
+    async fn open(&self) -> Result<CassandraStore, String> {
+        CassandraStore::open(self.location.clone(), options())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn damage_plan(&self, batch: u64) {
+        let session = scylla::client::session_builder::SessionBuilder::new()
+            .known_nodes(&self.location.nodes)
+            .build()
+            .await
+            .unwrap();
+        session
+            .query_unpaged(
+                format!(
+                    "UPDATE {}.sluice_log SET end_offsets = '{{\"events\":' WHERE query = ? AND \
+                     kind = 'plan' AND batch_id = ?",
+                    self.location.keyspace
+                ),
+                (&self.location.query, batch as i64),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+macro_rules! suite {
+    ($module:ident, $harness:expr) => {
+        mod $module {
+            use super::*;
+
+            #[tokio::test]
+            async fn starts_fresh() {
+                fresh_start(&$harness).await;
+            }
+
+            #[tokio::test]
+            async fn replays_a_planned_batch_after_a_crash() {
+                plan_crash_replay(&$harness).await;
+            }
+
+            #[tokio::test]
+            async fn runs_the_next_batch_after_a_commit() {
+                commit_then_next(&$harness).await;
+            }
+
+            #[tokio::test]
+            async fn refuses_two_writers() {
+                two_writers(&$harness).await;
+            }
+
+            #[tokio::test]
+            async fn keeps_the_newest_batches() {
+                retention(&$harness).await;
+            }
+
+            #[tokio::test]
+            async fn refuses_damaged_and_inconsistent_logs() {
+                damaged_and_inconsistent(&$harness).await;
+            }
+        }
+    };
+}
+
+suite!(filesystem, FsHarness::new());
+// Every test uses its own query in one shared keyspace, created on first use.
+suite!(cassandra, CassandraHarness::new("sluice_store_suite"));
