@@ -48,6 +48,8 @@ fn stderr(output: &Output) -> String {
 struct Job {
     dir: tempfile::TempDir,
     topic: String,
+    /// The `[checkpoint]` table; a directory in the job's folder unless set.
+    store: Option<String>,
 }
 
 impl Job {
@@ -55,6 +57,20 @@ impl Job {
         Job {
             dir: tempfile::tempdir().unwrap(),
             topic: topic.to_owned(),
+            store: None,
+        }
+    }
+
+    /// A job keeping its offsets in Cassandra, under a query of its own.
+    fn with_cassandra(topic: &str) -> Job {
+        let store = format!(
+            "location = \"cassandra://{}/sluice_runner_tests?query={}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"",
+            sluice_tests::cassandra_nodes().join(","),
+            sluice_tests::unique_name("q")
+        );
+        Job {
+            store: Some(store),
+            ..Job::new(topic)
         }
     }
 
@@ -86,7 +102,7 @@ poll_timeout_ms = 20000
 {extra_source}
 
 [checkpoint]
-location = "{checkpoint}"
+{store}
 
 [trigger]
 {trigger}
@@ -105,7 +121,10 @@ file = "{progress}"
             },
             bootstrap = sluice_tests::kafka_bootstrap(),
             topic = self.topic,
-            checkpoint = self.checkpoint().display(),
+            store = self
+                .store
+                .clone()
+                .unwrap_or_else(|| { format!("location = \"{}\"", self.checkpoint().display()) }),
             out = self.out().display(),
             progress = self.dir.path().join("progress.jsonl").display(),
         );
@@ -436,11 +455,11 @@ impl Lcg {
     }
 }
 
-#[tokio::test]
-async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
-    let topic = sluice_tests::unique_name("crash");
+/// Kills `sluice run` with SIGKILL at 12 random moments while a producer writes,
+/// restarts it each time, and checks the output after a final catch-up run.
+async fn crash_repeatedly(job: Job) {
+    let topic = job.topic.clone();
     create_topic(&topic, 4).await;
-    let job = Job::new(&topic);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer_task = keep_producing(topic.clone(), 4, stop.clone());
 
@@ -477,6 +496,16 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     assert_eq!(got.len(), expected(4, 0, produced).len(), "record count");
     assert_eq!(got, expected(4, 0, produced), "every record exactly once");
     delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
+    crash_repeatedly(Job::new(&sluice_tests::unique_name("crash"))).await;
+}
+
+#[tokio::test]
+async fn sigkill_at_random_moments_with_the_cassandra_store() {
+    crash_repeatedly(Job::with_cassandra(&sluice_tests::unique_name("crashc"))).await;
 }
 
 #[tokio::test]

@@ -94,6 +94,22 @@ fn yes() -> bool {
 pub struct CheckpointSection {
     pub location: Option<String>,
     pub min_batches_to_retain: Option<u64>,
+    /// Cassandra only: the keyspace's replication, to create it when missing.
+    pub replication: Option<String>,
+    /// Cassandra only: create Sluice's tables when missing (default true).
+    pub create_schema: Option<bool>,
+}
+
+/// Where the offsets live.
+#[derive(Debug, Clone)]
+pub enum StoreKind {
+    /// A checkpoint directory in Spark's layout.
+    Directory(PathBuf),
+    /// Cassandra tables.
+    Cassandra(
+        sluice_cassandra_store::CassandraLocation,
+        sluice_cassandra_store::CassandraOptions,
+    ),
 }
 
 /// `[trigger]`: exactly one of the three.
@@ -151,7 +167,7 @@ pub struct Settings {
     pub trigger: Trigger,
     pub max_offsets_per_trigger: Option<NonZeroU64>,
     pub min_offsets_per_trigger: Option<MinOffsetsPerTrigger>,
-    pub checkpoint: PathBuf,
+    pub checkpoint: StoreKind,
     pub min_batches_to_retain: u64,
     pub sink: SinkKind,
     pub progress: ProgressSection,
@@ -309,13 +325,27 @@ fn settings(config: Config) -> Result<Settings> {
         .filter(|v| !v.trim().is_empty())
         .or(config.checkpoint.location)
         .context("checkpoint.location is missing (or set SLUICE_CHECKPOINT_LOCATION)")?;
-    if checkpoint.contains("://") && !checkpoint.starts_with("file://") {
+    let checkpoint = if checkpoint.starts_with("cassandra://") {
+        let location = sluice_cassandra_store::CassandraLocation::parse(&checkpoint)?;
+        let options = sluice_cassandra_store::CassandraOptions {
+            replication: config.checkpoint.replication.clone(),
+            create_schema: config.checkpoint.create_schema.unwrap_or(true),
+            ..Default::default()
+        };
+        StoreKind::Cassandra(location, options)
+    } else if checkpoint.contains("://") && !checkpoint.starts_with("file://") {
         bail!(
-            "checkpoint.location {checkpoint:?}: only filesystem checkpoints are supported by this \
-             build (a directory path or file:// URL)"
+            "checkpoint.location {checkpoint:?}: use a directory path, file:///path, or \
+             cassandra://host:port/keyspace?query=<name>"
         );
-    }
-    let checkpoint = PathBuf::from(checkpoint.trim_start_matches("file://"));
+    } else {
+        if config.checkpoint.replication.is_some() || config.checkpoint.create_schema.is_some() {
+            bail!(
+                "checkpoint.replication and checkpoint.create_schema apply to cassandra:// locations only"
+            );
+        }
+        StoreKind::Directory(PathBuf::from(checkpoint.trim_start_matches("file://")))
+    };
 
     let sink = match config.sink.kind.as_str() {
         "console" => {
@@ -480,7 +510,17 @@ mod tests {
             (
                 "location = \"/tmp/q\"",
                 "location = \"cassandra://h:9042/ks\"",
-                "only filesystem checkpoints",
+                "?query=<name>",
+            ),
+            (
+                "location = \"/tmp/q\"",
+                "location = \"s3://bucket/q\"",
+                "use a directory path",
+            ),
+            (
+                "location = \"/tmp/q\"",
+                "location = \"/tmp/q\"\nreplication = \"x\"",
+                "apply to cassandra:// locations only",
             ),
         ];
         for (from, to, expected) in cases {

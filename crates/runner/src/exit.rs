@@ -1,5 +1,6 @@
 //! Errors as exit codes: which failures are the user's to fix, and which are not.
 
+use sluice_cassandra_store::CassandraStoreError;
 use sluice_checkpoint_fs::CheckpointError;
 use sluice_executor::ExecutorError;
 use sluice_kafka_source::KafkaSourceError;
@@ -40,6 +41,25 @@ impl Exit {
         }
     }
 
+    /// A Cassandra store problem: 2 for configuration, 4 when fenced or damaged,
+    /// 1 when Cassandra cannot be reached.
+    pub fn cassandra(error: CassandraStoreError) -> Exit {
+        let code = match error {
+            CassandraStoreError::Location { .. }
+            | CassandraStoreError::MissingKeyspace { .. }
+            | CassandraStoreError::MissingTable { .. } => 2,
+            CassandraStoreError::Fenced { .. }
+            | CassandraStoreError::AlreadyExists { .. }
+            | CassandraStoreError::CommitWithoutPlan { .. }
+            | CassandraStoreError::Damaged { .. } => 4,
+            CassandraStoreError::Connect { .. } | CassandraStoreError::Query { .. } => 1,
+        };
+        Exit {
+            code,
+            error: error.into(),
+        }
+    }
+
     /// Why the executor stopped.
     pub fn executor(error: ExecutorError) -> Exit {
         match error {
@@ -50,7 +70,10 @@ impl Exit {
             },
             ExecutorError::Store(inner) => match inner.downcast::<CheckpointError>() {
                 Ok(checkpoint) => Exit::checkpoint(*checkpoint),
-                Err(other) => Exit::runtime(anyhow::anyhow!(other)),
+                Err(other) => match other.downcast::<CassandraStoreError>() {
+                    Ok(cassandra) => Exit::cassandra(*cassandra),
+                    Err(other) => Exit::runtime(anyhow::anyhow!(other)),
+                },
             },
             ExecutorError::Source(inner) => match inner.downcast::<KafkaSourceError>() {
                 Ok(kafka) => match *kafka {

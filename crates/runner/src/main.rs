@@ -16,14 +16,15 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use sluice_cassandra_store::CassandraStore;
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, JsonlSink};
 use sluice_executor::{Query, QueryOptions, QueryProgress};
 use sluice_kafka_source::KafkaSource;
-use sluice_offsets::{Sink, Source};
+use sluice_offsets::{OffsetStore, Sink, Source};
 use tokio::sync::watch;
 
-use config::{Settings, SinkKind};
+use config::{Settings, SinkKind, StoreKind};
 use exit::Exit;
 
 /// Exactly-once micro-batches from Apache Kafka.
@@ -114,15 +115,37 @@ fn init_logging(format: LogFormat) {
 
 async fn run(config: PathBuf) -> Result<(), Exit> {
     let settings = config::load(&config).map_err(Exit::config)?;
-    let dir = settings.checkpoint.clone();
-    let checkpoint = tokio::task::spawn_blocking(move || Checkpoint::open(dir))
-        .await
-        .map_err(|e| Exit::runtime(anyhow::anyhow!("opening the checkpoint: {e}")))?
-        .map_err(Exit::checkpoint)?;
-    let query_id = checkpoint.id().to_owned();
+    match settings.checkpoint.clone() {
+        StoreKind::Directory(dir) => {
+            let shown = dir.display().to_string();
+            let checkpoint = tokio::task::spawn_blocking(move || Checkpoint::open(dir))
+                .await
+                .map_err(|e| Exit::runtime(anyhow::anyhow!("opening the checkpoint: {e}")))?
+                .map_err(Exit::checkpoint)?;
+            let query_id = checkpoint.id().to_owned();
+            with_store(settings, query_id, checkpoint, shown).await
+        }
+        StoreKind::Cassandra(location, options) => {
+            let shown = format!("cassandra {}/{}", location.keyspace, location.query);
+            let store = CassandraStore::open(location, options)
+                .await
+                .map_err(Exit::cassandra)?;
+            let query_id = store.id().to_owned();
+            with_store(settings, query_id, store, shown).await
+        }
+    }
+}
+
+/// Builds the source and the sink around an opened offset store, and runs.
+async fn with_store<St: OffsetStore>(
+    settings: Settings,
+    query_id: String,
+    store: St,
+    shown: String,
+) -> Result<(), Exit> {
     let source =
         KafkaSource::new(settings.kafka.clone(), &query_id).map_err(|e| Exit::config(e.into()))?;
-    tracing::info!(query = %query_id, checkpoint = %settings.checkpoint.display(), "starting");
+    tracing::info!(query = %query_id, offsets = %shown, "starting");
     match settings.sink.clone() {
         SinkKind::Console { json } => {
             let format = if json {
@@ -130,35 +153,28 @@ async fn run(config: PathBuf) -> Result<(), Exit> {
             } else {
                 ConsoleFormat::Text
             };
-            run_query(
-                settings,
-                query_id,
-                source,
-                checkpoint,
-                ConsoleSink::new(format),
-                "console".into(),
-            )
-            .await
+            let sink = ConsoleSink::new(format);
+            run_query(settings, query_id, source, store, sink, "console".into()).await
         }
         SinkKind::Kafka(config) => {
             let description = format!("kafka[{}]", config.topic);
             let sink = sluice_kafka_source::KafkaSink::new(config, &query_id)
                 .map_err(|e| Exit::config(e.into()))?;
-            run_query(settings, query_id, source, checkpoint, sink, description).await
+            run_query(settings, query_id, source, store, sink, description).await
         }
         SinkKind::Jsonl { path } => {
             let sink = JsonlSink::new(&path).map_err(|e| Exit::runtime(e.into()))?;
             let description = format!("jsonl[{}]", path.display());
-            run_query(settings, query_id, source, checkpoint, sink, description).await
+            run_query(settings, query_id, source, store, sink, description).await
         }
     }
 }
 
-async fn run_query<K: Sink>(
+async fn run_query<St: OffsetStore, K: Sink>(
     settings: Settings,
     query_id: String,
     source: KafkaSource,
-    checkpoint: Checkpoint,
+    store: St,
     sink: K,
     sink_description: String,
 ) -> Result<(), Exit> {
@@ -199,7 +215,7 @@ async fn run_query<K: Sink>(
     }
 
     let stop = stop_on_signals();
-    let mut query = Query::new(options, query_id, source, checkpoint, sink);
+    let mut query = Query::new(options, query_id, source, store, sink);
     let on_progress = |progress: &QueryProgress| {
         if let Some(file) = progress_file.as_mut()
             && let Err(e) = writeln!(file, "{}", progress.to_json())
@@ -312,16 +328,27 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
             missing.join(", ")
         )));
     }
-    if settings.checkpoint.join("metadata").exists() {
-        Checkpoint::inspect(&settings.checkpoint).map_err(Exit::checkpoint)?;
-    }
+    let checkpoint = match &settings.checkpoint {
+        StoreKind::Directory(dir) => {
+            if dir.join("metadata").exists() {
+                Checkpoint::inspect(dir).map_err(Exit::checkpoint)?;
+            }
+            dir.display().to_string()
+        }
+        StoreKind::Cassandra(location, _) => format!(
+            "cassandra {} (keyspace {}, query {})",
+            location.nodes.join(","),
+            location.keyspace,
+            location.query
+        ),
+    };
     println!(
         "{}: valid; Kafka at {} answers with {} partitions for {}; checkpoint {}",
         config.display(),
         settings.kafka.bootstrap_servers,
         partitions.len(),
         settings.source_description,
-        settings.checkpoint.display()
+        checkpoint
     );
     Ok(())
 }

@@ -35,6 +35,16 @@ pub enum OffsetsCommand {
 }
 
 pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
+    let checkpoint = match &command {
+        OffsetsCommand::Show { checkpoint } | OffsetsCommand::Set { checkpoint, .. } => checkpoint,
+    };
+    if checkpoint.to_string_lossy().starts_with("cassandra://") {
+        return Err(Exit::config(anyhow::anyhow!(
+            "sluice offsets works on checkpoint directories only in this version; for a Cassandra \
+             store, read {} with CQL",
+            sluice_cassandra_store::OFFSETS_TABLE
+        )));
+    }
     match command {
         OffsetsCommand::Show { checkpoint } => {
             let (id, stored) = Checkpoint::inspect(&checkpoint).map_err(Exit::checkpoint)?;
