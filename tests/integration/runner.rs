@@ -655,3 +655,54 @@ async fn validate_checks_the_topics_and_honours_the_environment() {
     );
     delete_topic(&topic).await;
 }
+
+#[tokio::test]
+async fn a_newer_runner_fences_the_older_one_out_of_cassandra() {
+    let topic = sluice_tests::unique_name("fence");
+    create_topic(&topic, 2).await;
+    let job = Job::with_cassandra(&topic);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer_task = keep_producing(topic.clone(), 2, stop.clone());
+    let streaming = job.config_with("max_offsets_per_trigger = 100", "processing_time = \"0s\"");
+    let spawn = || {
+        Command::new(sluice())
+            .args(["run", "--config", streaming.to_str().unwrap()])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let older = spawn();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let newer = spawn();
+
+    let older = tokio::task::spawn_blocking(move || older.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(older.status.code(), Some(4), "{}", stderr(&older));
+    assert!(
+        stderr(&older).contains("was taken over by"),
+        "{}",
+        stderr(&older)
+    );
+
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    Command::new("kill")
+        .args(["-TERM", &newer.id().to_string()])
+        .status()
+        .unwrap();
+    let newer = tokio::task::spawn_blocking(move || newer.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(newer.status.code(), Some(0), "{}", stderr(&newer));
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let produced = producer_task.await.unwrap() as i64;
+    let output = job.run("");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(
+        job.output(),
+        expected(2, 0, produced),
+        "every record exactly once"
+    );
+    delete_topic(&topic).await;
+}
