@@ -301,3 +301,43 @@ macro_rules! suite {
 suite!(filesystem, FsHarness::new());
 // Every test uses its own query in one shared keyspace, created on first use.
 suite!(cassandra, CassandraHarness::new("sluice_store_suite"));
+
+#[tokio::test]
+async fn cassandra_mirrors_the_latest_committed_offsets_in_plain_columns() {
+    let h = CassandraHarness::new("sluice_store_suite");
+    let mut store = h.open().await.unwrap();
+    for batch in 0..3 {
+        run_batch(&mut store, batch).await;
+    }
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_nodes(&h.location.nodes)
+        .build()
+        .await
+        .unwrap();
+    let rows = session
+        .query_unpaged(
+            "SELECT topic, partition, offset, batch_id FROM sluice_store_suite.sluice_offsets WHERE query = ?",
+            (&h.location.query,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    let read: PartitionOffsets = rows
+        .rows::<(String, i32, i64, i64)>()
+        .unwrap()
+        .map(|row| {
+            let (topic, partition, offset, batch) = row.unwrap();
+            assert_eq!(batch, 2, "written by the last commit");
+            (
+                TopicPartition::new(topic, partition),
+                Offset::new(offset).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        read,
+        plan(2).end_offsets(),
+        "the next offsets to read, as Kafka commits them"
+    );
+}

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
@@ -580,22 +581,32 @@ impl OffsetStore for CassandraStore {
         if !done {
             return Err(self.refused("commit", batch, epoch).await);
         }
-        // The plain latest-offsets table, for people and tools reading with CQL.
-        for (tp, offset) in plan.end_offsets() {
-            self.session
-                .execute_unpaged(
-                    &self.write_offset,
+        // The plain latest-offsets table, for people and tools reading with CQL: one
+        // unlogged batch, since every row is in the query's partition.
+        let end = plan.end_offsets();
+        if !end.is_empty() {
+            let mut rows = Batch::new(BatchType::Unlogged);
+            rows.set_consistency(self.options.consistency);
+            rows.set_request_timeout(Some(self.options.request_timeout));
+            let batch_id = i64::try_from(batch.0).unwrap_or(i64::MAX);
+            let values: Vec<_> = end
+                .iter()
+                .map(|(tp, offset)| {
+                    rows.append_statement(self.write_offset.clone());
                     (
                         offset.value(),
-                        i64::try_from(batch.0).unwrap_or(i64::MAX),
+                        batch_id,
                         &self.location.query,
                         &tp.topic,
                         tp.partition,
-                    ),
-                )
+                    )
+                })
+                .collect();
+            self.session
+                .batch(&rows, values)
                 .await
                 .map_err(query_error(format!(
-                    "recording {tp} at {offset} in {}.{OFFSETS_TABLE}",
+                    "recording the offsets of batch {batch} in {}.{OFFSETS_TABLE}",
                     self.location.keyspace
                 )))?;
         }
