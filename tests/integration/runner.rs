@@ -706,3 +706,119 @@ async fn a_newer_runner_fences_the_older_one_out_of_cassandra() {
     );
     delete_topic(&topic).await;
 }
+
+/// A `[checkpoint]` table for a Cassandra store of a new query.
+fn cassandra_location() -> String {
+    format!(
+        "cassandra://{}/sluice_runner_tests?query={}",
+        sluice_tests::cassandra_nodes().join(","),
+        sluice_tests::unique_name("q")
+    )
+}
+
+const REPLICATION: &str = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
+
+#[tokio::test]
+async fn migrate_moves_a_query_from_a_directory_to_cassandra() {
+    let topic = sluice_tests::unique_name("migrate");
+    create_topic(&topic, 2).await;
+    produce_range(&topic, 2, 0, 150).await;
+    let before = Job::new(&topic);
+    assert!(before.run("").status.success());
+    let from = before.checkpoint().display().to_string();
+    let to = cassandra_location();
+
+    let migrated = run(&[
+        "offsets",
+        "migrate",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--replication",
+        REPLICATION,
+    ]);
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    let again = run(&["offsets", "migrate", "--from", &from, "--to", &to]);
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("without --force"),
+        "{}",
+        stderr(&again)
+    );
+
+    let shown = |location: &str| -> serde_json::Value {
+        let output = run(&["offsets", "show", "--checkpoint", location]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    let (old, new) = (shown(&from), shown(&to));
+    assert_eq!(old["id"], new["id"], "the query id moves along");
+    assert_eq!(old["lastCommitted"], new["lastCommitted"]);
+
+    // The query goes on from Cassandra with exactly the records after the migration.
+    produce_range(&topic, 2, 150, 200).await;
+    let after = Job {
+        store: Some(format!("location = \"{to}\"")),
+        ..Job::new(&topic)
+    };
+    let output = after.run("");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(after.output(), expected(2, 150, 200));
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn import_starts_a_query_from_an_existing_offsets_table() {
+    let topic = sluice_tests::unique_name("import");
+    create_topic(&topic, 2).await;
+    produce_range(&topic, 2, 0, 100).await;
+
+    // The table a team kept its offsets in: the next offset to read per partition.
+    let keyspace = sluice_tests::unique_name("legacy");
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_nodes(sluice_tests::cassandra_nodes())
+        .build()
+        .await
+        .unwrap();
+    for cql in [
+        format!("CREATE KEYSPACE {keyspace} WITH replication = {REPLICATION}"),
+        format!(
+            "CREATE TABLE {keyspace}.kafka_offsets (topic text, partition int, offset bigint, PRIMARY KEY (topic, partition))"
+        ),
+        format!(
+            "INSERT INTO {keyspace}.kafka_offsets (topic, partition, offset) VALUES ('{topic}', 0, 40)"
+        ),
+        format!(
+            "INSERT INTO {keyspace}.kafka_offsets (topic, partition, offset) VALUES ('{topic}', 1, 70)"
+        ),
+    ] {
+        session.query_unpaged(cql, ()).await.unwrap();
+    }
+
+    let job = Job::new(&topic);
+    let imported = run(&[
+        "offsets",
+        "import",
+        "--checkpoint",
+        job.checkpoint().to_str().unwrap(),
+        "--cassandra-nodes",
+        &sluice_tests::cassandra_nodes().join(","),
+        "--cassandra-table",
+        &format!("{keyspace}.kafka_offsets"),
+    ]);
+    assert!(imported.status.success(), "{}", stderr(&imported));
+    let output = job.run("");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let got: Vec<(i64, i64)> = job.output().iter().map(|r| (r.0, r.1)).collect();
+    let want: Vec<(i64, i64)> = (40..100)
+        .map(|o| (0, o))
+        .chain((70..100).map(|o| (1, o)))
+        .collect();
+    assert_eq!(got, want, "exactly the records after the imported offsets");
+    session
+        .query_unpaged(format!("DROP KEYSPACE {keyspace}"), ())
+        .await
+        .unwrap();
+    delete_topic(&topic).await;
+}

@@ -33,6 +33,9 @@ pub struct CassandraOptions {
     pub request_timeout: Duration,
     /// Who this runner is, recorded with its claim (host and pid by default).
     pub owner: String,
+    /// The query id a brand-new query gets (as when it is migrated here); a new
+    /// random one when unset. An existing query keeps its own.
+    pub query_id: Option<String>,
 }
 
 impl Default for CassandraOptions {
@@ -44,6 +47,7 @@ impl Default for CassandraOptions {
             serial_consistency: SerialConsistency::LocalSerial,
             request_timeout: Duration::from_secs(10),
             owner: default_owner(),
+            query_id: None,
         }
     }
 }
@@ -73,6 +77,8 @@ pub struct CassandraStore {
     write_offset: PreparedStatement,
     load: PreparedStatement,
     read_claim: PreparedStatement,
+    insert_claim: PreparedStatement,
+    raise_claim: PreparedStatement,
     last_plan: Option<BatchPlan>,
 }
 
@@ -80,6 +86,17 @@ impl CassandraStore {
     /// Connects, checks or creates the schema, and claims the query by raising
     /// its epoch. From then on, a runner that claims it later fences this one out.
     pub async fn open(
+        location: CassandraLocation,
+        options: CassandraOptions,
+    ) -> Result<CassandraStore, CassandraStoreError> {
+        let mut store = CassandraStore::connect(location, options).await?;
+        let (insert, raise) = (store.insert_claim.clone(), store.raise_claim.clone());
+        store.claim(&insert, &raise).await?;
+        Ok(store)
+    }
+
+    /// Connects, checks the schema and prepares the statements, without a claim.
+    async fn connect(
         location: CassandraLocation,
         options: CassandraOptions,
     ) -> Result<CassandraStore, CassandraStoreError> {
@@ -154,7 +171,7 @@ impl CassandraStore {
         ))
         .await?;
 
-        let mut store = CassandraStore {
+        Ok(CassandraStore {
             session,
             location,
             options,
@@ -166,10 +183,31 @@ impl CassandraStore {
             write_offset,
             load,
             read_claim,
+            insert_claim,
+            raise_claim,
             last_plan: None,
+        })
+    }
+
+    /// Reads a query's stored batches without claiming it, so that a running
+    /// query is not disturbed. `None` when the query has never been claimed.
+    pub async fn inspect(
+        location: CassandraLocation,
+        options: CassandraOptions,
+    ) -> Result<Option<(String, StoredBatches)>, CassandraStoreError> {
+        let inspect_options = CassandraOptions {
+            create_schema: false,
+            replication: None,
+            ..options
         };
-        store.claim(&insert_claim, &raise_claim).await?;
-        Ok(store)
+        let mut store = CassandraStore::connect(location, inspect_options).await?;
+        let Some((id, epoch, _)) = store.read_claim().await? else {
+            return Ok(None);
+        };
+        // Loading as the current holder: this store writes nothing.
+        store.epoch = epoch;
+        store.query_id = id.clone();
+        Ok(Some((id, store.load().await?)))
     }
 
     /// The query id, created with the query's first claim.
@@ -194,7 +232,11 @@ impl CassandraStore {
             let current = self.read_claim().await?;
             let applied = match current {
                 None => {
-                    let id = uuid::Uuid::new_v4().to_string();
+                    let id = self
+                        .options
+                        .query_id
+                        .clone()
+                        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
                     let result = self
                         .session
                         .execute_unpaged(insert, (&query, &id, &self.options.owner))

@@ -47,6 +47,15 @@ impl Checkpoint {
     /// else is changed. Blocking: call it before starting async work, or from a
     /// blocking task.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Checkpoint, CheckpointError> {
+        Checkpoint::open_with_id(dir, None)
+    }
+
+    /// Like [`Checkpoint::open`], giving a new checkpoint the query id `id` (as
+    /// when a query is migrated here). An existing checkpoint keeps its own id.
+    pub fn open_with_id(
+        dir: impl Into<PathBuf>,
+        id: Option<&str>,
+    ) -> Result<Checkpoint, CheckpointError> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(CheckpointError::io("creating", &dir))?;
         let lock = lock::acquire(&dir)?;
@@ -64,7 +73,7 @@ impl Checkpoint {
                 })?
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let id = uuid::Uuid::new_v4().to_string();
+                let id = id.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
                 atomic::create_file(&metadata, format::write_metadata(&id).as_bytes())?;
                 id
             }

@@ -29,6 +29,11 @@ impl Exit {
         Exit { code: 3, error }
     }
 
+    /// A store whose state forbids the operation (a pending batch, inconsistent logs): 4.
+    pub fn checkpoint_state(error: anyhow::Error) -> Exit {
+        Exit { code: 4, error }
+    }
+
     /// A checkpoint problem: 4 when it is held, damaged or inconsistent, 1 for I/O.
     pub fn checkpoint(error: CheckpointError) -> Exit {
         let code = match error {

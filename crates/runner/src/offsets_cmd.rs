@@ -1,14 +1,16 @@
-//! `sluice offsets show` and `sluice offsets set`.
+//! `sluice offsets show|set|migrate|import`, for checkpoint directories and
+//! Cassandra stores alike.
 
 use std::path::PathBuf;
 
-use anyhow::Context;
+use anyhow::{Context, anyhow};
 use clap::Subcommand;
 use serde_json::{Value, json};
+use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchMetadata, BatchPlan, OffsetStore, PartitionOffsets, Recovery,
-    offsets_from_json, offsets_to_json,
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, Offset, OffsetStore, PartitionOffsets,
+    Recovery, StoredBatches, TopicPartition, offsets_from_json, offsets_to_json,
 };
 
 use crate::exit::Exit;
@@ -16,143 +18,411 @@ use crate::exit::Exit;
 #[derive(Subcommand)]
 pub enum OffsetsCommand {
     /// Print the query id, the last committed batch and its offsets, and a planned
-    /// but uncommitted batch if there is one, as JSON. Safe while the query runs.
+    /// but uncommitted batch if there is one, as JSON. Reads only: safe while the
+    /// query runs.
     Show {
-        /// The checkpoint directory.
+        /// A checkpoint directory, or cassandra://host:port/keyspace?query=name.
         #[arg(long)]
-        checkpoint: PathBuf,
+        checkpoint: String,
     },
-    /// Make the next batch start at these offsets. Refused while a runner holds the
-    /// checkpoint, or while a batch is planned but not committed.
+    /// Make the next batch start at these offsets (partitions not named keep theirs).
+    /// A checkpoint directory held by a runner is refused; a Cassandra query is
+    /// taken over, so a runner still on it is fenced out and stops.
     Set {
-        /// The checkpoint directory.
+        /// A checkpoint directory, or cassandra://host:port/keyspace?query=name.
         #[arg(long)]
-        checkpoint: PathBuf,
+        checkpoint: String,
         /// Spark's offset JSON, e.g. '{"events":{"0":23,"1":5}}'.
         #[arg(long)]
         offsets: String,
+        /// Cassandra: create the keyspace with this replication if it is missing.
+        #[arg(long)]
+        replication: Option<String>,
+    },
+    /// Copy a query's id and latest committed offsets to another store.
+    Migrate {
+        /// Where the query is now.
+        #[arg(long)]
+        from: String,
+        /// Where it is to go.
+        #[arg(long)]
+        to: String,
+        /// Also write into a target that already holds batches: its next batch then
+        /// starts at the migrated offsets.
+        #[arg(long)]
+        force: bool,
+        /// Cassandra: create the keyspace with this replication if it is missing.
+        #[arg(long)]
+        replication: Option<String>,
+    },
+    /// Make the offsets of an existing Cassandra table (columns topic, partition,
+    /// offset: the next offset to read) the next batch's start.
+    Import {
+        /// The query's store: a checkpoint directory or a cassandra:// location.
+        #[arg(long)]
+        checkpoint: String,
+        /// Contact points of the Cassandra cluster holding the table, host:port[,host:port].
+        #[arg(long)]
+        cassandra_nodes: String,
+        /// The table, as keyspace.table.
+        #[arg(long)]
+        cassandra_table: String,
+        /// Cassandra store: create the keyspace with this replication if it is missing.
+        #[arg(long)]
+        replication: Option<String>,
     },
 }
 
 pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
-    let checkpoint = match &command {
-        OffsetsCommand::Show { checkpoint } | OffsetsCommand::Set { checkpoint, .. } => checkpoint,
-    };
-    if checkpoint.to_string_lossy().starts_with("cassandra://") {
-        return Err(Exit::config(anyhow::anyhow!(
-            "sluice offsets works on checkpoint directories only in this version; for a Cassandra \
-             store, read {} with CQL",
-            sluice_cassandra_store::OFFSETS_TABLE
-        )));
-    }
     match command {
         OffsetsCommand::Show { checkpoint } => {
-            let (id, stored) = Checkpoint::inspect(&checkpoint).map_err(Exit::checkpoint)?;
-            let last = stored.latest_commit.as_ref().map(|commit| {
-                let offsets = stored
-                    .latest_plan
-                    .as_ref()
-                    .filter(|plan| plan.id() == commit.id)
-                    .map(|plan| offsets_json(&plan.end_offsets()));
-                json!({ "batchId": commit.id.0, "endOffsets": offsets })
-            });
-            let pending = stored
-                .latest_plan
-                .as_ref()
-                .filter(|plan| Some(plan.id()) != stored.latest_commit.as_ref().map(|c| c.id))
-                .map(|plan| {
-                    json!({
-                        "batchId": plan.id().0,
-                        "startOffsets": offsets_json(&plan.start_offsets()),
-                        "endOffsets": offsets_json(&plan.end_offsets()),
-                    })
-                });
-            let report = json!({
-                "checkpoint": checkpoint.display().to_string(),
-                "id": id,
-                "lastCommitted": last,
-                "pending": pending,
-                "initialOffsets": stored.initial_offsets.as_ref().map(offsets_json),
-            });
+            let location = Location::parse(&checkpoint)?;
+            let (id, stored) = location
+                .inspect()
+                .await?
+                .ok_or_else(|| Exit::config(anyhow!("{checkpoint} holds no query")))?;
             println!(
                 "{}",
-                serde_json::to_string_pretty(&report).unwrap_or_default()
+                serde_json::to_string_pretty(&report(&checkpoint, &id, &stored))
+                    .unwrap_or_default()
             );
             Ok(())
         }
         OffsetsCommand::Set {
             checkpoint,
             offsets,
+            replication,
         } => {
             let target = offsets_from_json(&offsets)
                 .context("--offsets must be Spark's offset JSON, like {\"events\":{\"0\":23}}")
                 .map_err(Exit::config)?;
-            if !checkpoint.join("metadata").exists() {
-                return Err(Exit::config(anyhow::anyhow!(
-                    "{} is not a checkpoint (no metadata file)",
-                    checkpoint.display()
+            let location = Location::parse(&checkpoint)?;
+            if location.inspect().await?.is_none() {
+                return Err(Exit::config(anyhow!("{checkpoint} holds no query")));
+            }
+            let mut store = location.open(None, replication).await?;
+            let next = store.move_to(&target).await?;
+            println!(
+                "{checkpoint}: the next batch ({}) starts at {}",
+                next.next(),
+                offsets_to_json(&target)
+            );
+            Ok(())
+        }
+        OffsetsCommand::Migrate {
+            from,
+            to,
+            force,
+            replication,
+        } => {
+            let (id, stored) = Location::parse(&from)?.inspect().await?.ok_or_else(|| {
+                Exit::config(anyhow!("nothing to migrate: {from} holds no query"))
+            })?;
+            let latest = match stored.recovery() {
+                Ok(Recovery::RunNext { .. }) => stored.latest_plan.clone(),
+                Ok(Recovery::Replay { batch }) => {
+                    return Err(Exit::checkpoint_state(anyhow!(
+                        "batch {batch} is planned but not committed in {from}; run the query so it \
+                         finishes that batch, then migrate"
+                    )));
+                }
+                Ok(Recovery::StartFresh) => None,
+                Err(e) => {
+                    return Err(Exit::checkpoint_state(anyhow!(
+                        "{from} is inconsistent: {e}"
+                    )));
+                }
+            };
+            let latest = latest.ok_or_else(|| {
+                Exit::config(anyhow!("nothing to migrate: {from} has no committed batch"))
+            })?;
+            let target = Location::parse(&to)?;
+            let existing = target.inspect().await?;
+            let target_is_empty = existing
+                .as_ref()
+                .is_none_or(|(_, s)| s.planned.is_empty() && s.committed.is_empty());
+            if !target_is_empty && !force {
+                return Err(Exit::config(anyhow!(
+                    "{to} already holds batches of query {}; refusing to write into it without --force",
+                    existing.map(|(id, _)| id).unwrap_or_default()
                 )));
             }
-            let dir = checkpoint.clone();
-            let mut store = tokio::task::spawn_blocking(move || Checkpoint::open(dir))
-                .await
-                .map_err(|e| Exit::runtime(anyhow::anyhow!("opening the checkpoint: {e}")))?
-                .map_err(Exit::checkpoint)?;
-            let stored = store.load().await.map_err(Exit::checkpoint)?;
-            let next = match stored.recovery() {
-                Ok(Recovery::StartFresh) => BatchId::FIRST,
-                Ok(Recovery::RunNext { next, .. }) => next,
-                Ok(Recovery::Replay { batch }) => {
-                    return Err(Exit {
-                        code: 4,
-                        error: anyhow::anyhow!(
-                            "batch {batch} is planned but not committed ({}); run the query so it \
-                             finishes that batch, then move the offsets",
-                            store.describe(sluice_offsets::Log::Plans, batch)
-                        ),
-                    });
-                }
-                Err(e) => {
-                    return Err(Exit {
-                        code: 4,
-                        error: anyhow::anyhow!("the checkpoint is inconsistent: {e}"),
-                    });
-                }
-            };
-            // Partitions not named keep their offsets.
-            let mut moved = stored
-                .latest_plan
-                .as_ref()
-                .map(BatchPlan::end_offsets)
-                .unwrap_or_default();
-            moved.extend(target.clone());
-            // An empty batch at the new offsets: the next batch starts where it ends,
-            // and Spark reads the move the same way.
-            let metadata = BatchMetadata {
-                conf: [("sluice.movedBy".to_owned(), "sluice offsets set".to_owned())].into(),
-                ..BatchMetadata::default()
-            };
-            let plan = BatchPlan::from_offsets(next, &moved, &moved, metadata)
-                .map_err(|e| Exit::config(anyhow::anyhow!("--offsets: {e}")))?;
-            store.write_plan(&plan).await.map_err(Exit::checkpoint)?;
-            store
-                .write_commit(&BatchCommit {
-                    id: next,
-                    next_watermark_ms: 0,
-                })
-                .await
-                .map_err(Exit::checkpoint)?;
+            let mut store = target.open(Some(&id), replication).await?;
+            if target_is_empty {
+                // The same batch, so the numbering goes on where it was.
+                store.write_plan(&latest).await?;
+                store
+                    .write_commit(&BatchCommit {
+                        id: latest.id(),
+                        next_watermark_ms: 0,
+                    })
+                    .await?;
+            } else {
+                store.move_to(&latest.end_offsets()).await?;
+            }
             println!(
-                "{}: the next batch ({}) starts at {}",
-                checkpoint.display(),
+                "migrated query {id} from {from} to {to}: the next batch starts at {}",
+                offsets_to_json(&latest.end_offsets())
+            );
+            Ok(())
+        }
+        OffsetsCommand::Import {
+            checkpoint,
+            cassandra_nodes,
+            cassandra_table,
+            replication,
+        } => {
+            let offsets = read_offsets_table(&cassandra_nodes, &cassandra_table).await?;
+            if offsets.is_empty() {
+                return Err(Exit::config(anyhow!(
+                    "{cassandra_table} holds no offsets to import"
+                )));
+            }
+            let location = Location::parse(&checkpoint)?;
+            let mut store = location.open(None, replication).await?;
+            let next = store.move_to(&offsets).await?;
+            println!(
+                "imported {} partitions from {cassandra_table}: batch {} of {checkpoint} starts at {}",
+                offsets.len(),
                 next.next(),
-                offsets_to_json(&moved)
+                offsets_to_json(&offsets)
             );
             Ok(())
         }
     }
 }
 
+/// Reads `topic`, `partition`, `offset` from a table teams keep their offsets in.
+async fn read_offsets_table(nodes: &str, table: &str) -> Result<PartitionOffsets, Exit> {
+    let valid = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    match table.split_once('.') {
+        Some((ks, t)) if valid(ks) && valid(t) => {}
+        _ => {
+            return Err(Exit::config(anyhow!(
+                "--cassandra-table {table:?} must be keyspace.table"
+            )));
+        }
+    }
+    let nodes: Vec<String> = nodes
+        .split(',')
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_nodes(&nodes)
+        .build()
+        .await
+        .with_context(|| format!("cannot connect to Cassandra at {}", nodes.join(",")))
+        .map_err(Exit::runtime)?;
+    let what = || format!("reading topic, partition, offset from {table}");
+    let rows = session
+        .query_unpaged(format!("SELECT topic, partition, offset FROM {table}"), ())
+        .await
+        .with_context(what)
+        .map_err(Exit::config)?
+        .into_rows_result()
+        .with_context(what)
+        .map_err(Exit::config)?;
+    let mut offsets = PartitionOffsets::new();
+    for row in rows
+        .rows::<(String, i32, i64)>()
+        .with_context(|| {
+            format!("{table} must have columns topic text, partition int, offset bigint")
+        })
+        .map_err(Exit::config)?
+    {
+        let (topic, partition, offset) = row.with_context(what).map_err(Exit::config)?;
+        let offset = Offset::new(offset).ok_or_else(|| {
+            Exit::config(anyhow!(
+                "{table}: {topic}-{partition} has a negative offset {offset}"
+            ))
+        })?;
+        offsets.insert(TopicPartition::new(topic, partition), offset);
+    }
+    Ok(offsets)
+}
+
+fn report(location: &str, id: &str, stored: &StoredBatches) -> Value {
+    let last = stored.latest_commit.as_ref().map(|commit| {
+        let offsets = stored
+            .latest_plan
+            .as_ref()
+            .filter(|plan| plan.id() == commit.id)
+            .map(|plan| offsets_json(&plan.end_offsets()));
+        json!({ "batchId": commit.id.0, "endOffsets": offsets })
+    });
+    let pending = stored
+        .latest_plan
+        .as_ref()
+        .filter(|plan| Some(plan.id()) != stored.latest_commit.as_ref().map(|c| c.id))
+        .map(|plan| {
+            json!({
+                "batchId": plan.id().0,
+                "startOffsets": offsets_json(&plan.start_offsets()),
+                "endOffsets": offsets_json(&plan.end_offsets()),
+            })
+        });
+    json!({
+        "checkpoint": location,
+        "id": id,
+        "lastCommitted": last,
+        "pending": pending,
+        "initialOffsets": stored.initial_offsets.as_ref().map(offsets_json),
+    })
+}
+
 fn offsets_json(offsets: &PartitionOffsets) -> Value {
     serde_json::from_str(&offsets_to_json(offsets)).unwrap_or(Value::Null)
+}
+
+/// A store given on the command line.
+enum Location {
+    Directory(PathBuf),
+    Cassandra(CassandraLocation),
+}
+
+impl Location {
+    fn parse(text: &str) -> Result<Location, Exit> {
+        if text.starts_with("cassandra://") {
+            CassandraLocation::parse(text)
+                .map(Location::Cassandra)
+                .map_err(|e| Exit::config(e.into()))
+        } else {
+            Ok(Location::Directory(PathBuf::from(
+                text.trim_start_matches("file://"),
+            )))
+        }
+    }
+
+    /// The query's id and batches, read without taking the query over; `None` when
+    /// the store holds no query yet.
+    async fn inspect(&self) -> Result<Option<(String, StoredBatches)>, Exit> {
+        match self {
+            Location::Directory(dir) => {
+                if !dir.join("metadata").exists() {
+                    return Ok(None);
+                }
+                Checkpoint::inspect(dir).map(Some).map_err(Exit::checkpoint)
+            }
+            Location::Cassandra(location) => {
+                match CassandraStore::inspect(location.clone(), CassandraOptions::default()).await {
+                    Ok(found) => Ok(found),
+                    // A keyspace or table that does not exist holds no query.
+                    Err(
+                        sluice_cassandra_store::CassandraStoreError::MissingKeyspace { .. }
+                        | sluice_cassandra_store::CassandraStoreError::MissingTable { .. },
+                    ) => Ok(None),
+                    Err(e) => Err(Exit::cassandra(e)),
+                }
+            }
+        }
+    }
+
+    /// Opens the store for writing, as a runner would.
+    async fn open(
+        &self,
+        query_id: Option<&str>,
+        replication: Option<String>,
+    ) -> Result<Writer, Exit> {
+        match self {
+            Location::Directory(dir) => {
+                let dir = dir.clone();
+                let id = query_id.map(str::to_owned);
+                tokio::task::spawn_blocking(move || Checkpoint::open_with_id(dir, id.as_deref()))
+                    .await
+                    .map_err(|e| Exit::runtime(anyhow!("opening the checkpoint: {e}")))?
+                    .map(Writer::Directory)
+                    .map_err(Exit::checkpoint)
+            }
+            Location::Cassandra(location) => {
+                let options = CassandraOptions {
+                    replication,
+                    query_id: query_id.map(str::to_owned),
+                    ..CassandraOptions::default()
+                };
+                CassandraStore::open(location.clone(), options)
+                    .await
+                    .map(Writer::Cassandra)
+                    .map_err(Exit::cassandra)
+            }
+        }
+    }
+}
+
+/// An opened store of either kind.
+enum Writer {
+    Directory(Checkpoint),
+    Cassandra(CassandraStore),
+}
+
+impl Writer {
+    async fn load(&mut self) -> Result<StoredBatches, Exit> {
+        match self {
+            Writer::Directory(s) => s.load().await.map_err(Exit::checkpoint),
+            Writer::Cassandra(s) => s.load().await.map_err(Exit::cassandra),
+        }
+    }
+
+    async fn write_plan(&mut self, plan: &BatchPlan) -> Result<(), Exit> {
+        match self {
+            Writer::Directory(s) => s.write_plan(plan).await.map_err(Exit::checkpoint),
+            Writer::Cassandra(s) => s.write_plan(plan).await.map_err(Exit::cassandra),
+        }
+    }
+
+    async fn write_commit(&mut self, commit: &BatchCommit) -> Result<(), Exit> {
+        match self {
+            Writer::Directory(s) => s.write_commit(commit).await.map_err(Exit::checkpoint),
+            Writer::Cassandra(s) => s.write_commit(commit).await.map_err(Exit::cassandra),
+        }
+    }
+
+    fn describe(&self, log: Log, batch: BatchId) -> String {
+        match self {
+            Writer::Directory(s) => s.describe(log, batch),
+            Writer::Cassandra(s) => s.describe(log, batch),
+        }
+    }
+
+    /// Records an empty batch at `target` (merged over the latest offsets), so that
+    /// the next batch starts there; Spark reads such a move the same way. Returns
+    /// the id of the empty batch.
+    async fn move_to(&mut self, target: &PartitionOffsets) -> Result<BatchId, Exit> {
+        let stored = self.load().await?;
+        let next = match stored.recovery() {
+            Ok(Recovery::StartFresh) => BatchId::FIRST,
+            Ok(Recovery::RunNext { next, .. }) => next,
+            Ok(Recovery::Replay { batch }) => {
+                return Err(Exit::checkpoint_state(anyhow!(
+                    "batch {batch} is planned but not committed ({}); run the query so it finishes \
+                     that batch, then move the offsets",
+                    self.describe(Log::Plans, batch)
+                )));
+            }
+            Err(e) => {
+                return Err(Exit::checkpoint_state(anyhow!(
+                    "the store is inconsistent: {e}"
+                )));
+            }
+        };
+        let mut moved = stored
+            .latest_plan
+            .as_ref()
+            .map(BatchPlan::end_offsets)
+            .unwrap_or_default();
+        moved.extend(target.clone());
+        let metadata = BatchMetadata {
+            conf: [("sluice.movedBy".to_owned(), "sluice offsets".to_owned())].into(),
+            ..BatchMetadata::default()
+        };
+        let plan = BatchPlan::from_offsets(next, &moved, &moved, metadata)
+            .map_err(|e| Exit::config(anyhow!("offsets: {e}")))?;
+        self.write_plan(&plan).await?;
+        self.write_commit(&BatchCommit {
+            id: next,
+            next_watermark_ms: 0,
+        })
+        .await?;
+        Ok(next)
+    }
 }
