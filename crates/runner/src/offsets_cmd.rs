@@ -342,7 +342,7 @@ impl Location {
                 };
                 CassandraStore::open(location.clone(), options)
                     .await
-                    .map(Writer::Cassandra)
+                    .map(|store| Writer::Cassandra(Box::new(store)))
                     .map_err(Exit::cassandra)
             }
         }
@@ -352,7 +352,7 @@ impl Location {
 /// An opened store of either kind.
 enum Writer {
     Directory(Checkpoint),
-    Cassandra(CassandraStore),
+    Cassandra(Box<CassandraStore>),
 }
 
 impl Writer {
