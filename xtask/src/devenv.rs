@@ -188,6 +188,21 @@ impl Service {
 }
 
 impl Kind {
+    /// The kinds named on the command line (`kafka`, `cassandra`); all when none is.
+    pub fn parse_list(names: &[String]) -> Result<Vec<Kind>> {
+        if names.is_empty() {
+            return Ok(ALL.to_vec());
+        }
+        names
+            .iter()
+            .map(|name| match name.as_str() {
+                "kafka" => Ok(Kind::Kafka),
+                "cassandra" => Ok(Kind::Cassandra),
+                other => bail!("unknown server `{other}`: name kafka or cassandra"),
+            })
+            .collect()
+    }
+
     fn dir_name(self) -> &'static str {
         match self {
             Kind::Kafka => "kafka",
@@ -206,8 +221,16 @@ fn services(root: &Path) -> [Service; 2] {
 /// Starts whichever servers are not running yet and waits until both answer.
 /// Returns the kinds this call started, so that a caller can stop exactly those.
 pub fn up(root: &Path) -> Result<Vec<Kind>> {
+    up_only(root, ALL)
+}
+
+/// Like [`up`], for the servers of `kinds` only.
+pub fn up_only(root: &Path, kinds: &[Kind]) -> Result<Vec<Kind>> {
     let started_at = Instant::now();
-    let services = services(root);
+    let services: Vec<Service> = services(root)
+        .into_iter()
+        .filter(|s| kinds.contains(&s.kind))
+        .collect();
     let mut to_start = Vec::new();
     for service in &services {
         match service.running_pid() {

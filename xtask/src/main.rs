@@ -28,8 +28,9 @@ const USAGE: &str = "\
 Usage: cargo xtask <task>
 
 Tasks:
-  up            start Kafka (127.0.0.1:9092) and Cassandra (127.0.0.1:9042), wait until both answer
-  down          stop the servers that `up` started
+  up [SERVER]   start Kafka (127.0.0.1:9092) and Cassandra (127.0.0.1:9042), or only the one
+                named (kafka, cassandra), and wait until they answer
+  down [SERVER] stop the servers that `up` started, or only the one named
   status        show which servers run, their memory, and whether they answer
   test [ARGS]   up, cargo test --workspace [ARGS], then stop what up started
   ci            up, cargo fmt --check, cargo clippy -D warnings, cargo test, spark-compat,
@@ -62,8 +63,8 @@ fn run(args: &[String]) -> Result<()> {
         }
     };
     match task {
-        "up" => devenv::up(&root).map(|_| ()),
-        "down" => devenv::down(&root, devenv::ALL),
+        "up" => devenv::up_only(&root, &devenv::Kind::parse_list(rest)?).map(|_| ()),
+        "down" => devenv::down(&root, &devenv::Kind::parse_list(rest)?),
         "status" => devenv::status(&root),
         "test" => with_dev_env(&root, || cargo_test(&root, rest)),
         "ci" => with_dev_env(&root, || {
@@ -207,7 +208,27 @@ fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {
     // Every test binary runs, so one failure does not hide the others.
     let mut args = vec!["test", "--workspace", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));
-    cargo(root, &args)
+    let all = cargo(root, &args);
+    if !extra.is_empty() {
+        return all;
+    }
+    // Tests that stop a server run alone, after everything else.
+    let outage = cargo(
+        root,
+        &[
+            "test",
+            "-p",
+            "sluice-tests",
+            "--test",
+            "integration",
+            "outage",
+            "--",
+            "--ignored",
+            "--test-threads",
+            "1",
+        ],
+    );
+    all.and(outage)
 }
 
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {

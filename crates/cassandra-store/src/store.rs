@@ -80,6 +80,9 @@ pub struct CassandraStore {
     insert_claim: PreparedStatement,
     raise_claim: PreparedStatement,
     last_plan: Option<BatchPlan>,
+    /// A conditional write whose outcome is unknown (it timed out, or Cassandra
+    /// went away): if it did apply, its retry finds the entry already there.
+    uncertain: Option<(&'static str, BatchId)>,
 }
 
 impl CassandraStore {
@@ -186,6 +189,7 @@ impl CassandraStore {
             insert_claim,
             raise_claim,
             last_plan: None,
+            uncertain: None,
         })
     }
 
@@ -572,17 +576,24 @@ impl OffsetStore for CassandraStore {
             i64::try_from(batch.0).unwrap_or(i64::MAX),
             self.epoch,
         );
-        let result = self
-            .session
-            .execute_unpaged(&self.write_plan, values)
-            .await
-            .map_err(query_error(format!(
-                "writing {}",
-                self.entry("plan", batch)
-            )))?;
+        let result = match self.session.execute_unpaged(&self.write_plan, values).await {
+            Ok(result) => result,
+            Err(e) => {
+                self.uncertain = Some(("plan", batch));
+                return Err(query_error(format!(
+                    "writing {}",
+                    self.entry("plan", batch)
+                ))(e));
+            }
+        };
         let (done, epoch) = applied(result)?;
+        let retried = self.uncertain.take() == Some(("plan", batch));
         if !done {
-            return Err(self.refused("plan", batch, epoch).await);
+            // A retry of a write that did apply finds our own plan: that is success.
+            let ours = epoch.is_none_or(|e| e == self.epoch);
+            if !(retried && ours && self.load().await?.latest_plan.as_ref() == Some(plan)) {
+                return Err(self.refused("plan", batch, epoch).await);
+            }
         }
         self.last_plan = Some(plan.clone());
         Ok(())
@@ -611,16 +622,25 @@ impl OffsetStore for CassandraStore {
             i64::try_from(batch.0).unwrap_or(i64::MAX),
             self.epoch,
         );
-        let result = self
+        let result = match self
             .session
             .execute_unpaged(&self.write_commit, values)
             .await
-            .map_err(query_error(format!(
-                "writing {}",
-                self.entry("commit", batch)
-            )))?;
+        {
+            Ok(result) => result,
+            Err(e) => {
+                self.uncertain = Some(("commit", batch));
+                return Err(query_error(format!(
+                    "writing {}",
+                    self.entry("commit", batch)
+                ))(e));
+            }
+        };
         let (done, epoch) = applied(result)?;
-        if !done {
+        let retried = self.uncertain.take() == Some(("commit", batch));
+        // A retry of a commit that did apply finds our own commit: that is success.
+        let our_retry = retried && epoch.is_none_or(|e| e == self.epoch);
+        if !(done || our_retry) {
             return Err(self.refused("commit", batch, epoch).await);
         }
         // The plain latest-offsets table, for people and tools reading with CQL: one
@@ -678,6 +698,13 @@ impl OffsetStore for CassandraStore {
                 )))?;
         }
         Ok(())
+    }
+
+    fn is_transient(error: &CassandraStoreError) -> bool {
+        matches!(
+            error,
+            CassandraStoreError::Connect { .. } | CassandraStoreError::Query { .. }
+        )
     }
 
     fn describe(&self, log: Log, batch: BatchId) -> String {

@@ -17,19 +17,20 @@ use crate::progress::{
 };
 use crate::{ExecutorError, Trigger};
 
-/// Awaits a source call, trying it again with backoff while it fails transiently.
+/// Awaits a call, trying it again with backoff while it fails transiently.
+/// `$transient` judges an error; `$wrap` turns the last one into an `ExecutorError`.
 macro_rules! retrying {
-    ($policy:expr, $what:expr, $call:expr) => {{
+    ($policy:expr, $what:expr, $call:expr, $transient:expr, $wrap:path) => {{
         let mut attempt = 1_u32;
         loop {
             match $call.await {
                 Ok(value) => break Ok(value),
-                Err(e) => match retry_wait::<Src>($policy, attempt, &e, $what) {
+                Err(e) => match retry_wait($policy, attempt, $transient(&e), &e, $what) {
                     Some(wait) => {
                         attempt += 1;
                         tokio::time::sleep(wait).await;
                     }
-                    None => break Err(ExecutorError::Source(Box::new(e))),
+                    None => break Err($wrap(Box::new(e))),
                 },
             }
         }
@@ -184,11 +185,14 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
         mut on_progress: impl FnMut(&QueryProgress) + Send,
     ) -> Result<RunSummary, ExecutorError> {
         let mut summary = RunSummary::default();
-        let stored = self
-            .store
-            .load()
-            .await
-            .map_err(|e| ExecutorError::Store(Box::new(e)))?;
+        let retry = self.options.retry;
+        let stored = retrying!(
+            retry,
+            "loading the offset store",
+            self.store.load(),
+            Store::is_transient,
+            ExecutorError::Store
+        )?;
         let recovery = stored
             .recovery()
             .map_err(|inconsistency| ExecutorError::Inconsistent {
@@ -245,15 +249,22 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             let timestamp = SystemTime::now();
 
             let retry = self.options.retry;
-            let partitions: BTreeMap<_, _> =
-                retrying!(retry, "discovering partitions", self.source.partitions())?;
+            let partitions: BTreeMap<_, _> = retrying!(
+                retry,
+                "discovering partitions",
+                self.source.partitions(),
+                Src::is_transient,
+                ExecutorError::Source
+            )?;
             let mut from = match start.take() {
                 Some(from) => from,
                 None => retrying!(
                     retry,
                     "resolving starting offsets",
                     self.source
-                        .starting_offsets(&self.options.starting, &partitions)
+                        .starting_offsets(&self.options.starting, &partitions),
+                    Src::is_transient,
+                    ExecutorError::Source
                 )?,
             };
             let losses = classify_batch(&from, &partitions);
@@ -371,21 +382,26 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
         async {
             let t = Instant::now();
             // The write-ahead: nothing of the batch is read before its plan is durable.
+            let retry = self.options.retry;
             if !planned.replay {
-                self.store
-                    .write_plan(&planned.plan)
-                    .await
-                    .map_err(|e| ExecutorError::Store(Box::new(e)))?;
+                retrying!(
+                    retry,
+                    "writing the plan",
+                    self.store.write_plan(&planned.plan),
+                    Store::is_transient,
+                    ExecutorError::Store
+                )?;
             }
             planned.durations.wal_commit = millis(t.elapsed());
 
             let t = Instant::now();
             // Reading a durable plan again is safe: it reads the same ranges.
-            let retry = self.options.retry;
             let records = retrying!(
                 retry,
                 "reading the batch",
-                self.source.read(planned.plan.ranges())
+                self.source.read(planned.plan.ranges()),
+                Src::is_transient,
+                ExecutorError::Source
             )?;
             planned.durations.get_batch = millis(t.elapsed());
             for loss in &records.data_loss {
@@ -408,20 +424,26 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
                 id: batch,
                 next_watermark_ms: 0,
             };
-            self.store
-                .write_commit(&commit)
-                .await
-                .map_err(|e| ExecutorError::Store(Box::new(e)))?;
+            retrying!(
+                retry,
+                "writing the commit",
+                self.store.write_commit(&commit),
+                Store::is_transient,
+                ExecutorError::Store
+            )?;
             let end = planned.plan.end_offsets();
             if let Err(e) = self.source.commit_progress(&end).await {
                 // Only lag monitors read the group's offsets; the store holds the truth.
                 tracing::warn!(error = %e, "committing progress to the consumer group failed");
             }
             if let Some(keep_from) = purge_threshold(batch, self.options.min_batches_to_retain) {
-                self.store
-                    .purge(keep_from)
-                    .await
-                    .map_err(|e| ExecutorError::Store(Box::new(e)))?;
+                retrying!(
+                    retry,
+                    "purging old batches",
+                    self.store.purge(keep_from),
+                    Store::is_transient,
+                    ExecutorError::Store
+                )?;
             }
             planned.durations.commit_offsets = millis(t.elapsed());
             planned.durations.trigger_execution = millis(planned.trigger_start.elapsed());
@@ -486,15 +508,16 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
     }
 }
 
-/// Decides whether a failed source call is tried again, and logs the retry.
-/// Returns the wait before the next attempt, or `None` to give up.
-fn retry_wait<Src: Source>(
+/// Decides whether a failed call is tried again, and logs the retry. Returns the
+/// wait before the next attempt, or `None` to give up.
+fn retry_wait(
     policy: RetryPolicy,
     attempt: u32,
-    error: &Src::Error,
+    transient: bool,
+    error: &dyn std::fmt::Display,
     what: &str,
 ) -> Option<Duration> {
-    if attempt >= policy.max_attempts.max(1) || !Src::is_transient(error) {
+    if attempt >= policy.max_attempts.max(1) || !transient {
         return None;
     }
     let wait = policy.backoff(attempt + 1);

@@ -63,6 +63,15 @@ pub trait OffsetStore: Send {
     fn purge(&mut self, keep_from: BatchId)
     -> impl Future<Output = Result<(), Self::Error>> + Send;
 
+    /// Whether `error` may go away by itself (the database restarting, a
+    /// timeout), so that the same call is worth trying again. Implementations make
+    /// their writes idempotent so that a retried write that had in fact succeeded is
+    /// not an error. The default treats every error as permanent.
+    fn is_transient(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Where an entry lives (a file path, a table and key), so that an error such as
     /// an [`Inconsistency`] can name what a person should look at.
     fn describe(&self, log: Log, batch: BatchId) -> String;
