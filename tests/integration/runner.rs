@@ -890,3 +890,94 @@ async fn outage_of_cassandra_pauses_batches_until_it_returns() {
     );
     delete_topic(&topic).await;
 }
+
+#[tokio::test]
+async fn the_cassandra_sink_upserts_mapped_columns_exactly_once_in_effect() {
+    let topic = sluice_tests::unique_name("csink");
+    create_topic(&topic, 2).await;
+    let records: Vec<_> = (0..200)
+        .map(|n| {
+            sluice_tests::kafka::Out::new(
+                n % 2,
+                format!("c{}", n % 3),
+                format!("{{\"order\":{n},\"customer\":\"c{}\"}}", n % 3),
+            )
+        })
+        .collect();
+    produce(&producer(), &topic, &records).await;
+
+    let keyspace = sluice_tests::unique_name("shop");
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_nodes(sluice_tests::cassandra_nodes())
+        .build()
+        .await
+        .unwrap();
+    for cql in [
+        format!("CREATE KEYSPACE {keyspace} WITH replication = {REPLICATION}"),
+        format!(
+            "CREATE TABLE {keyspace}.orders (order_id int PRIMARY KEY, customer text, source text, \
+             part int, off bigint, ts timestamp, raw blob)"
+        ),
+    ] {
+        session.query_unpaged(cql, ()).await.unwrap();
+    }
+    let job = Job::new(&topic);
+    let config = job.config("");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let jsonl = format!("type = \"jsonl\"\npath = \"{}\"", job.out().display());
+    let cassandra = format!(
+        "type = \"cassandra\"\nnodes = \"{}\"\nkeyspace = \"{keyspace}\"\ntable = \"orders\"\n\
+         [sink.columns]\norder_id = \"value.order\"\ncustomer = \"value.customer\"\nsource = \"topic\"\n\
+         part = \"partition\"\noff = \"offset\"\nts = \"timestamp\"\nraw = \"value\"",
+        sluice_tests::cassandra_nodes().join(",")
+    );
+    // [progress] follows [sink] in the file; keep it after the columns table.
+    let text = text.replace(&jsonl, &cassandra);
+    std::fs::write(&config, text).unwrap();
+
+    let count = || async {
+        session
+            .query_unpaged(format!("SELECT count(*) FROM {keyspace}.orders"), ())
+            .await
+            .unwrap()
+            .into_rows_result()
+            .unwrap()
+            .single_row::<(i64,)>()
+            .unwrap()
+            .0
+    };
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(count().await, 200);
+    let row = session
+        .query_unpaged(
+            format!(
+                "SELECT customer, source, part, off, raw FROM {keyspace}.orders WHERE order_id = 7"
+            ),
+            (),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .single_row::<(String, String, i32, i64, Vec<u8>)>()
+        .unwrap();
+    assert_eq!(row.0, "c1");
+    assert_eq!(
+        (row.1.as_str(), row.2, row.3),
+        (topic.as_str(), 1, 3),
+        "order 7 is the 4th record of partition 1"
+    );
+    assert_eq!(row.4, b"{\"order\":7,\"customer\":\"c1\"}".to_vec());
+
+    // Replaying everything from scratch writes the same rows again: still 200.
+    std::fs::remove_dir_all(job.checkpoint()).unwrap();
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(count().await, 200);
+    session
+        .query_unpaged(format!("DROP KEYSPACE {keyspace}"), ())
+        .await
+        .unwrap();
+    delete_topic(&topic).await;
+}

@@ -16,8 +16,10 @@
 
 mod error;
 mod location;
+mod sink;
 mod store;
 
 pub use error::{CassandraStoreError, DriverError};
 pub use location::CassandraLocation;
+pub use sink::{CassandraSink, CassandraSinkConfig, Field};
 pub use store::{CassandraOptions, CassandraStore, LOG_TABLE, OFFSETS_TABLE};

@@ -138,6 +138,16 @@ pub struct SinkSection {
     /// Producer options of a `kafka` sink, passed through.
     #[serde(default)]
     pub kafka: BTreeMap<String, toml::Value>,
+    /// Contact points of a `cassandra` sink, `host:port[,host:port]`.
+    pub nodes: Option<String>,
+    /// The keyspace of a `cassandra` sink.
+    pub keyspace: Option<String>,
+    /// The table of a `cassandra` sink.
+    pub table: Option<String>,
+    /// A `cassandra` sink's columns: column = "topic" | "partition" | "offset" |
+    /// "timestamp" | "key" | "value" | "value.<json path>".
+    #[serde(default)]
+    pub columns: BTreeMap<String, String>,
 }
 
 /// `[progress]`.
@@ -156,6 +166,7 @@ pub enum SinkKind {
     Console { json: bool },
     Jsonl { path: PathBuf },
     Kafka(sluice_kafka_source::KafkaSinkConfig),
+    Cassandra(sluice_cassandra_store::CassandraSinkConfig),
 }
 
 /// Everything the runner needs, checked.
@@ -373,7 +384,42 @@ fn settings(config: Config) -> Result<Settings> {
                 .context("a kafka sink needs sink.topic, the topic to produce to")?,
             client_options: client_options("sink.kafka", config.sink.kafka)?,
         }),
-        other => bail!("sink.type must be \"console\", \"jsonl\" or \"kafka\", not {other:?}"),
+        "cassandra" => {
+            let need = |value: Option<String>, key: &str| {
+                value.with_context(|| format!("a cassandra sink needs sink.{key}"))
+            };
+            let nodes = need(config.sink.nodes, "nodes")?
+                .split(',')
+                .map(|n| n.trim().to_owned())
+                .filter(|n| !n.is_empty())
+                .collect();
+            let keyspace = need(config.sink.keyspace, "keyspace")?;
+            let table = need(config.sink.table, "table")?;
+            if config.sink.columns.is_empty() {
+                bail!("a cassandra sink needs [sink.columns], mapping columns to record fields");
+            }
+            let columns = config
+                .sink
+                .columns
+                .into_iter()
+                .map(|(column, field)| match sluice_cassandra_store::Field::parse(&field) {
+                    Some(field) => Ok((column, field)),
+                    None => bail!(
+                        "sink.columns.{column} = {field:?}: use topic, partition, offset, timestamp, \
+                         key, value or value.<json path>"
+                    ),
+                })
+                .collect::<Result<_>>()?;
+            SinkKind::Cassandra(sluice_cassandra_store::CassandraSinkConfig {
+                nodes,
+                keyspace,
+                table,
+                columns,
+            })
+        }
+        other => bail!(
+            "sink.type must be \"console\", \"jsonl\", \"kafka\" or \"cassandra\", not {other:?}"
+        ),
     };
 
     let mut retry = sluice_executor::RetryPolicy::default();

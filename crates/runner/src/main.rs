@@ -162,6 +162,13 @@ async fn with_store<St: OffsetStore>(
                 .map_err(|e| Exit::config(e.into()))?;
             run_query(settings, query_id, source, store, sink, description).await
         }
+        SinkKind::Cassandra(config) => {
+            let description = format!("cassandra[{}.{}]", config.keyspace, config.table);
+            let sink = sluice_cassandra_store::CassandraSink::new(config)
+                .await
+                .map_err(Exit::cassandra)?;
+            run_query(settings, query_id, source, store, sink, description).await
+        }
         SinkKind::Jsonl { path } => {
             let sink = JsonlSink::new(&path).map_err(|e| Exit::runtime(e.into()))?;
             let description = format!("jsonl[{}]", path.display());
