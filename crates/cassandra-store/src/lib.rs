@@ -14,11 +14,13 @@
 //! so a runner whose epoch was superseded can never write again, and no entry is
 //! ever overwritten. See `docs/cassandra-store.md`.
 
+mod connect;
 mod error;
 mod location;
 mod sink;
 mod store;
 
+pub use connect::{Connection, parse_consistency, parse_serial_consistency};
 pub use error::{CassandraStoreError, DriverError};
 pub use location::CassandraLocation;
 pub use sink::{CassandraSink, CassandraSinkConfig, Field};

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
 use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 use serde_json::{Map, Value};
@@ -65,8 +64,8 @@ impl Field {
 /// Where the `cassandra` sink writes, and how records map to columns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CassandraSinkConfig {
-    /// Contact points, `host:port` each.
-    pub nodes: Vec<String>,
+    /// How to reach the cluster.
+    pub connection: crate::Connection,
     /// The keyspace.
     pub keyspace: String,
     /// The table, whose primary key the user chose.
@@ -90,14 +89,7 @@ impl CassandraSink {
     /// Connects and checks the mapping against the table: every mapped column
     /// exists, and every primary key column is mapped.
     pub async fn new(config: CassandraSinkConfig) -> Result<CassandraSink, CassandraStoreError> {
-        let session = SessionBuilder::new()
-            .known_nodes(&config.nodes)
-            .build()
-            .await
-            .map_err(|source| CassandraStoreError::Connect {
-                nodes: config.nodes.join(","),
-                source: Box::new(source),
-            })?;
+        let session = config.connection.session().await?;
         let table = format!("{}.{}", config.keyspace, config.table);
         let what = || format!("reading the columns of {table}");
         let rows = session

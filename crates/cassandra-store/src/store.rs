@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
@@ -36,6 +35,12 @@ pub struct CassandraOptions {
     /// The query id a brand-new query gets (as when it is migrated here); a new
     /// random one when unset. An existing query keeps its own.
     pub query_id: Option<String>,
+    /// Password authentication: the user name.
+    pub username: Option<String>,
+    /// Password authentication: the password.
+    pub password: Option<String>,
+    /// TLS, verifying the nodes against this CA certificate (PEM).
+    pub tls_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for CassandraOptions {
@@ -48,6 +53,9 @@ impl Default for CassandraOptions {
             request_timeout: Duration::from_secs(10),
             owner: default_owner(),
             query_id: None,
+            username: None,
+            password: None,
+            tls_ca_file: None,
         }
     }
 }
@@ -103,15 +111,15 @@ impl CassandraStore {
         location: CassandraLocation,
         options: CassandraOptions,
     ) -> Result<CassandraStore, CassandraStoreError> {
-        let session = SessionBuilder::new()
-            .known_nodes(&location.nodes)
-            .connection_timeout(options.request_timeout)
-            .build()
-            .await
-            .map_err(|source| CassandraStoreError::Connect {
-                nodes: location.nodes.join(","),
-                source: Box::new(source),
-            })?;
+        let session = crate::Connection {
+            nodes: location.nodes.clone(),
+            username: options.username.clone(),
+            password: options.password.clone(),
+            tls_ca_file: options.tls_ca_file.clone(),
+            connect_timeout: options.request_timeout,
+        }
+        .session()
+        .await?;
         ensure_schema(&session, &location, &options).await?;
 
         let ks = &location.keyspace;

@@ -98,6 +98,62 @@ pub struct CheckpointSection {
     pub replication: Option<String>,
     /// Cassandra only: create Sluice's tables when missing (default true).
     pub create_schema: Option<bool>,
+    /// Cassandra only: `LOCAL_QUORUM` by default.
+    pub consistency: Option<String>,
+    /// Cassandra only: `LOCAL_SERIAL` by default.
+    pub serial_consistency: Option<String>,
+    /// Cassandra only: the timeout of one request.
+    pub request_timeout_ms: Option<u64>,
+    /// Cassandra only: authentication and TLS.
+    #[serde(flatten)]
+    pub auth: CassandraAuth,
+}
+
+/// Authentication and TLS for Cassandra, in `[checkpoint]` and `[sink]`.
+#[derive(Debug, Default, Deserialize, Clone)]
+pub struct CassandraAuth {
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// The name of an environment variable holding the password, to keep it out of the file.
+    pub password_env: Option<String>,
+    /// Connect with TLS, verifying the nodes against this CA certificate (PEM).
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+impl CassandraAuth {
+    fn is_set(&self) -> bool {
+        self.username.is_some()
+            || self.password.is_some()
+            || self.password_env.is_some()
+            || self.tls_ca_file.is_some()
+    }
+
+    /// The connection to `nodes` with these credentials.
+    fn connection(
+        &self,
+        nodes: Vec<String>,
+        table: &str,
+    ) -> Result<sluice_cassandra_store::Connection> {
+        let password = match (&self.password, &self.password_env) {
+            (Some(_), Some(_)) => bail!("[{table}] takes password or password_env, not both"),
+            (Some(p), None) => Some(p.clone()),
+            (None, Some(var)) => Some(std::env::var(var).with_context(|| {
+                format!("[{table}] password_env names {var}, which is not set")
+            })?),
+            (None, None) => None,
+        };
+        if self.username.is_some() != password.is_some() {
+            bail!(
+                "[{table}] needs both username and a password (password or password_env), or neither"
+            );
+        }
+        Ok(sluice_cassandra_store::Connection {
+            username: self.username.clone(),
+            password,
+            tls_ca_file: self.tls_ca_file.clone(),
+            ..sluice_cassandra_store::Connection::new(nodes)
+        })
+    }
 }
 
 /// Where the offsets live.
@@ -108,7 +164,7 @@ pub enum StoreKind {
     /// Cassandra tables.
     Cassandra(
         sluice_cassandra_store::CassandraLocation,
-        sluice_cassandra_store::CassandraOptions,
+        Box<sluice_cassandra_store::CassandraOptions>,
     ),
 }
 
@@ -148,6 +204,9 @@ pub struct SinkSection {
     /// "timestamp" | "key" | "value" | "value.<json path>".
     #[serde(default)]
     pub columns: BTreeMap<String, String>,
+    /// A `cassandra` sink's authentication and TLS.
+    #[serde(flatten)]
+    pub auth: CassandraAuth,
 }
 
 /// `[progress]`.
@@ -334,25 +393,54 @@ fn settings(config: Config) -> Result<Settings> {
     let checkpoint = std::env::var(CHECKPOINT_ENV)
         .ok()
         .filter(|v| !v.trim().is_empty())
-        .or(config.checkpoint.location)
+        .or(config.checkpoint.location.clone())
         .context("checkpoint.location is missing (or set SLUICE_CHECKPOINT_LOCATION)")?;
     let checkpoint = if checkpoint.starts_with("cassandra://") {
         let location = sluice_cassandra_store::CassandraLocation::parse(&checkpoint)?;
-        let options = sluice_cassandra_store::CassandraOptions {
-            replication: config.checkpoint.replication.clone(),
-            create_schema: config.checkpoint.create_schema.unwrap_or(true),
+        let section = &config.checkpoint;
+        let connection = section
+            .auth
+            .connection(location.nodes.clone(), "checkpoint")?;
+        let mut options = sluice_cassandra_store::CassandraOptions {
+            replication: section.replication.clone(),
+            create_schema: section.create_schema.unwrap_or(true),
+            username: connection.username,
+            password: connection.password,
+            tls_ca_file: connection.tls_ca_file,
             ..Default::default()
         };
-        StoreKind::Cassandra(location, options)
+        if let Some(text) = &section.consistency {
+            options.consistency = sluice_cassandra_store::parse_consistency(text).with_context(|| {
+                format!("checkpoint.consistency {text:?} is not a consistency level like LOCAL_QUORUM")
+            })?;
+        }
+        if let Some(text) = &section.serial_consistency {
+            options.serial_consistency = sluice_cassandra_store::parse_serial_consistency(text)
+                .with_context(|| {
+                    format!("checkpoint.serial_consistency {text:?} must be SERIAL or LOCAL_SERIAL")
+                })?;
+        }
+        if let Some(ms) = section.request_timeout_ms {
+            options.request_timeout = Duration::from_millis(ms);
+        }
+        StoreKind::Cassandra(location, Box::new(options))
     } else if checkpoint.contains("://") && !checkpoint.starts_with("file://") {
         bail!(
             "checkpoint.location {checkpoint:?}: use a directory path, file:///path, or \
              cassandra://host:port/keyspace?query=<name>"
         );
     } else {
-        if config.checkpoint.replication.is_some() || config.checkpoint.create_schema.is_some() {
+        let c = &config.checkpoint;
+        if c.replication.is_some()
+            || c.create_schema.is_some()
+            || c.consistency.is_some()
+            || c.serial_consistency.is_some()
+            || c.request_timeout_ms.is_some()
+            || c.auth.is_set()
+        {
             bail!(
-                "checkpoint.replication and checkpoint.create_schema apply to cassandra:// locations only"
+                "checkpoint.replication, create_schema, consistency, serial_consistency, \
+                 request_timeout_ms and the credentials apply to cassandra:// locations only"
             );
         }
         StoreKind::Directory(PathBuf::from(checkpoint.trim_start_matches("file://")))
@@ -388,11 +476,12 @@ fn settings(config: Config) -> Result<Settings> {
             let need = |value: Option<String>, key: &str| {
                 value.with_context(|| format!("a cassandra sink needs sink.{key}"))
             };
-            let nodes = need(config.sink.nodes, "nodes")?
+            let nodes: Vec<String> = need(config.sink.nodes, "nodes")?
                 .split(',')
                 .map(|n| n.trim().to_owned())
                 .filter(|n| !n.is_empty())
                 .collect();
+            let connection = config.sink.auth.connection(nodes, "sink")?;
             let keyspace = need(config.sink.keyspace, "keyspace")?;
             let table = need(config.sink.table, "table")?;
             if config.sink.columns.is_empty() {
@@ -411,7 +500,7 @@ fn settings(config: Config) -> Result<Settings> {
                 })
                 .collect::<Result<_>>()?;
             SinkKind::Cassandra(sluice_cassandra_store::CassandraSinkConfig {
-                nodes,
+                connection,
                 keyspace,
                 table,
                 columns,
@@ -593,6 +682,33 @@ mod tests {
             settings.trigger,
             Trigger::ProcessingTime(Duration::from_secs(10))
         );
+    }
+
+    #[test]
+    fn cassandra_options_are_read_and_checked() {
+        let with = |extra: &str| {
+            parse(&MINIMAL.replacen(
+                "location = \"/tmp/q\"",
+                &format!("location = \"cassandra://h:9042/ks?query=q\"\n{extra}"),
+                1,
+            ))
+        };
+        let settings = with(
+            "consistency = \"QUORUM\"\nserial_consistency = \"SERIAL\"\nusername = \"sluice\"\npassword = \"s3cret\"\nrequest_timeout_ms = 2500",
+        )
+        .unwrap();
+        let StoreKind::Cassandra(location, options) = settings.checkpoint else {
+            panic!("expected a Cassandra store");
+        };
+        assert_eq!(location.query, "q");
+        assert_eq!(options.consistency, scylla::statement::Consistency::Quorum);
+        assert_eq!(options.username.as_deref(), Some("sluice"));
+        assert_eq!(options.request_timeout, Duration::from_millis(2500));
+        let err = |extra: &str| format!("{:#}", with(extra).unwrap_err());
+        assert!(err("consistency = \"MOST\"").contains("not a consistency level"));
+        assert!(err("username = \"u\"").contains("needs both username and a password"));
+        assert!(err("password_env = \"SLUICE_TEST_UNSET_VAR\"").contains("which is not set"));
+        assert!(err("password = \"a\"\npassword_env = \"B\"").contains("not both"));
     }
 
     #[test]

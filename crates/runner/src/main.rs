@@ -127,7 +127,7 @@ async fn run(config: PathBuf) -> Result<(), Exit> {
         }
         StoreKind::Cassandra(location, options) => {
             let shown = format!("cassandra {}/{}", location.keyspace, location.query);
-            let store = CassandraStore::open(location, options)
+            let store = CassandraStore::open(location, *options)
                 .await
                 .map_err(Exit::cassandra)?;
             let query_id = store.id().to_owned();
