@@ -10,6 +10,7 @@
 //! - `demo [--seconds N]`: the main job end to end: `up`, a producer of sample
 //!   orders, and `sluice run` on `examples/demo.toml`.
 
+mod bench;
 mod cassandra;
 mod devenv;
 mod kafka;
@@ -38,6 +39,9 @@ Tasks:
   demo [--seconds N]
                 up, keep producing sample orders to demo-orders, and run sluice on
                 examples/demo.toml (until Ctrl-C, or for N seconds)
+  bench [--records N] [--partitions P] [--value-bytes B] [--runs R]
+                Sluice end to end against a plain rdkafka consumer on the same topic;
+                writes target/bench/results.json and docs/benchmarks.md
   spark-compat  fetch Spark's jars (about 220 MB, once) and check that Spark and Sluice read each
                 other's checkpoints
 ";
@@ -85,6 +89,10 @@ fn run(args: &[String]) -> Result<()> {
         }),
         "spark-compat" => spark_compat(&root),
         "demo" => demo(&root, rest),
+        "bench" => {
+            let args = bench::BenchArgs::parse(rest)?;
+            with_dev_env(&root, || bench::bench(&root, &args))
+        }
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

@@ -222,6 +222,7 @@ pub struct ProgressSection {
 /// The built-in sinks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkKind {
+    Discard,
     Console { json: bool },
     Jsonl { path: PathBuf },
     Kafka(sluice_kafka_source::KafkaSinkConfig),
@@ -455,6 +456,7 @@ fn settings(config: Config) -> Result<Settings> {
             };
             SinkKind::Console { json }
         }
+        "discard" => SinkKind::Discard,
         "jsonl" => SinkKind::Jsonl {
             path: config
                 .sink
@@ -507,7 +509,7 @@ fn settings(config: Config) -> Result<Settings> {
             })
         }
         other => bail!(
-            "sink.type must be \"console\", \"jsonl\", \"kafka\" or \"cassandra\", not {other:?}"
+            "sink.type must be \"jsonl\", \"cassandra\", \"kafka\", \"console\" or \"discard\", not {other:?}"
         ),
     };
 

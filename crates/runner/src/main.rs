@@ -147,6 +147,10 @@ async fn with_store<St: OffsetStore>(
         KafkaSource::new(settings.kafka.clone(), &query_id).map_err(|e| Exit::config(e.into()))?;
     tracing::info!(query = %query_id, offsets = %shown, "starting");
     match settings.sink.clone() {
+        SinkKind::Discard => {
+            let sink = sluice_executor::sinks::DiscardSink;
+            run_query(settings, query_id, source, store, sink, "discard".into()).await
+        }
         SinkKind::Console { json } => {
             let format = if json {
                 ConsoleFormat::Json

@@ -1,7 +1,8 @@
-//! The built-in sinks: `console` and `jsonl`. Both write records in the same JSON
-//! shape (see [`record_json`]).
+//! The built-in sinks: `console` and `jsonl`, which write records in the same JSON
+//! shape (see [`record_json`]), and `discard`, which keeps nothing (for benchmarks).
 
 mod console;
+mod discard;
 mod jsonl;
 
 use std::io;
@@ -12,6 +13,7 @@ use serde_json::{Map, Value};
 use sluice_offsets::{Record, TimestampType};
 
 pub use console::{ConsoleFormat, ConsoleSink};
+pub use discard::DiscardSink;
 pub use jsonl::JsonlSink;
 
 /// An error of a built-in sink, naming the file concerned.

@@ -1,0 +1,218 @@
+//! The Kafka side of `cargo xtask bench`:
+//!
+//! - `fill <bootstrap> <topic> <partitions> <records> <value bytes>`: creates the
+//!   topic and fills it to `records` records, with a progress bar; a topic that
+//!   already holds them is reused.
+//! - `consume <bootstrap> <topic>`: the baseline, a plain rdkafka consumer reading
+//!   every partition to its end with no processing; prints JSON figures.
+//! - `chart <results.json> <out.svg>`: throughput per configuration, as SVG.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["fill", bootstrap, topic, partitions, records, value_bytes] => fill(
+            bootstrap,
+            topic,
+            partitions.parse()?,
+            records.parse()?,
+            value_bytes.parse()?,
+        ),
+        ["consume", bootstrap, topic] => consume(bootstrap, topic),
+        ["chart", results, out] => chart(results, out),
+        _ => bail!("usage: bench_tool fill|consume|chart ..."),
+    }
+}
+
+fn config(bootstrap: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    config
+}
+
+/// The high watermark of every partition of `topic`.
+fn ends(consumer: &BaseConsumer, topic: &str) -> Result<Vec<(i32, i64)>> {
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    partitions
+        .into_iter()
+        .map(|p| {
+            let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            Ok((p, high))
+        })
+        .collect()
+}
+
+fn fill(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    records: u64,
+    value_bytes: usize,
+) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = config(bootstrap).create()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    runtime.block_on(admin.create_topics([&new_topic], &AdminOptions::new()))?;
+    let consumer: BaseConsumer = config(bootstrap).create()?;
+    let mut present: u64 = 0;
+    for _ in 0..50 {
+        if let Ok(e) = ends(&consumer, topic)
+            && e.len() == partitions as usize
+        {
+            present = e.iter().map(|(_, h)| *h as u64).sum();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if present >= records {
+        println!("{topic} already holds {present} records: reused");
+        return Ok(());
+    }
+    let producer: ThreadedProducer<_> = config(bootstrap)
+        .set("linger.ms", "20")
+        .set("batch.size", "1000000")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .create()?;
+    let bar = indicatif::ProgressBar::new(records - present);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "filling {msg} {bar:40} {pos}/{len} ({per_sec}, {eta})",
+        )
+        .context("a progress bar template")?,
+    );
+    bar.set_message(topic.to_owned());
+    let value = vec![b'x'; value_bytes];
+    let started = Instant::now();
+    for n in present..records {
+        let key = n.to_string();
+        let mut record = BaseRecord::to(topic)
+            .key(&key)
+            .payload(&value)
+            .partition((n % partitions as u64) as i32);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    // The queue is full: let the producer drain it.
+                    std::thread::sleep(Duration::from_millis(5));
+                    record = back;
+                }
+            }
+        }
+        if n % 10_000 == 0 {
+            bar.set_position(n - present);
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    bar.finish();
+    println!(
+        "filled {topic} with {} records in {:.1} s",
+        records - present,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn consume(bootstrap: &str, topic: &str) -> Result<()> {
+    let consumer: BaseConsumer = config(bootstrap)
+        .set("group.id", "sluice-bench-baseline")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let ends = ends(&consumer, topic)?;
+    let total: i64 = ends.iter().map(|(_, h)| *h).sum();
+    let mut assignment = TopicPartitionList::new();
+    for (p, _) in &ends {
+        assignment.add_partition_offset(topic, *p, Offset::Beginning)?;
+    }
+    let started = Instant::now();
+    consumer.assign(&assignment)?;
+    let (mut records, mut bytes) = (0_i64, 0_u64);
+    while records < total {
+        match consumer.poll(Duration::from_secs(10)) {
+            Some(Ok(message)) => {
+                records += 1;
+                bytes += message.payload().map_or(0, |p| p.len()) as u64
+                    + message.key().map_or(0, |k| k.len()) as u64;
+            }
+            Some(Err(e)) => eprintln!("baseline consumer: {e}"),
+            None => bail!("the baseline consumer stalled after {records} of {total} records"),
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        serde_json::json!({"records": records, "bytes": bytes, "seconds": seconds})
+    );
+    Ok(())
+}
+
+fn chart(results: &str, out: &str) -> Result<()> {
+    use plotters::prelude::*;
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(results)?)?;
+    let rows: Vec<(String, f64)> = json["configurations"]
+        .as_array()
+        .context("results.json has no configurations")?
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_owned(),
+                c["records_per_second"]["median"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .collect();
+    let max = rows.iter().map(|r| r.1).fold(1.0, f64::max) * 1.1;
+    let root = SVGBackend::new(out, (900, 60 + 40 * rows.len() as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "records per second (median), higher is better",
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(260)
+        .build_cartesian_2d(0.0..max, (0..rows.len()).into_segmented())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_label_formatter(&|y| match y {
+            SegmentValue::CenterOf(i) => rows.get(*i).map(|r| r.0.clone()).unwrap_or_default(),
+            _ => String::new(),
+        })
+        .x_label_formatter(&|x| format!("{:.0}k", x / 1000.0))
+        .draw()?;
+    chart.draw_series(rows.iter().enumerate().map(|(i, (_, value))| {
+        Rectangle::new(
+            [
+                (0.0, SegmentValue::Exact(i)),
+                (*value, SegmentValue::Exact(i + 1)),
+            ],
+            BLUE.mix(0.6).filled(),
+        )
+    }))?;
+    root.present()?;
+    println!("wrote {out}");
+    Ok(())
+}

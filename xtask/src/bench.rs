@@ -1,0 +1,477 @@
+//! `cargo xtask bench`: Sluice end to end against a plain rdkafka consumer reading
+//! the same topic on the same machine, in one run, with every figure a ratio to
+//! that baseline. Results go to `target/bench/results.json`, a table in
+//! `docs/benchmarks.md` and a chart in `docs/benchmarks-throughput.svg`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::cargo;
+
+/// What to measure, from the command line.
+pub struct BenchArgs {
+    pub records: u64,
+    pub partitions: u32,
+    pub value_bytes: u32,
+    pub runs: usize,
+}
+
+impl BenchArgs {
+    pub fn parse(args: &[String]) -> Result<BenchArgs> {
+        let mut parsed = BenchArgs {
+            records: 5_000_000,
+            partitions: 8,
+            value_bytes: 100,
+            runs: 3,
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+            let number = || {
+                value
+                    .parse::<u64>()
+                    .with_context(|| format!("{flag} {value:?} is not a number"))
+            };
+            match flag.as_str() {
+                "--records" => parsed.records = number()?,
+                "--partitions" => parsed.partitions = u32::try_from(number()?)?,
+                "--value-bytes" => parsed.value_bytes = u32::try_from(number()?)?,
+                "--runs" => parsed.runs = usize::try_from(number()?)?.max(1),
+                other => bail!(
+                    "unknown option {other}: use --records, --partitions, --value-bytes, --runs"
+                ),
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Store {
+    Directory,
+    Cassandra,
+}
+
+struct Configuration {
+    name: String,
+    store: Store,
+    jsonl: bool,
+    max_offsets: Option<u64>,
+}
+
+fn configurations() -> Vec<Configuration> {
+    let mut all = Vec::new();
+    for (store, jsonl, label) in [
+        (Store::Directory, false, "filesystem, discard"),
+        (Store::Cassandra, false, "cassandra, discard"),
+        (Store::Directory, true, "filesystem, jsonl"),
+    ] {
+        for max in [None, Some(100_000), Some(10_000)] {
+            let size = max.map_or("default".to_owned(), |m| format!("{}k/trigger", m / 1000));
+            all.push(Configuration {
+                name: format!("{label}, {size}"),
+                store,
+                jsonl,
+                max_offsets: max,
+            });
+        }
+    }
+    all
+}
+
+/// The measurements of one run of one configuration.
+struct Run {
+    records_per_second: f64,
+    wal_commit_ms: Vec<f64>,
+    commit_offsets_ms: Vec<f64>,
+    peak_rss_kib: u64,
+    restart_ms: f64,
+}
+
+pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
+    cargo(
+        root,
+        &[
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "sluice-runner",
+            "--bin",
+            "sluice",
+            "-p",
+            "sluice-examples",
+            "--example",
+            "bench_tool",
+        ],
+    )?;
+    let release = root.join("target").join("release");
+    let tool = release.join("examples").join("bench_tool");
+    let sluice = release.join("sluice");
+    let bootstrap = "127.0.0.1:9092";
+    let topic = format!(
+        "sluice-bench-{}p-{}r-{}b",
+        args.partitions, args.records, args.value_bytes
+    );
+    let status = Command::new(&tool)
+        .args(["fill", bootstrap, &topic])
+        .arg(args.partitions.to_string())
+        .arg(args.records.to_string())
+        .arg(args.value_bytes.to_string())
+        .status()
+        .context("running bench_tool fill")?;
+    if !status.success() {
+        bail!("filling {topic} failed");
+    }
+
+    let work = root.join("target").join("bench");
+    fs::create_dir_all(&work)?;
+    let mut baseline = Vec::new();
+    for run in 0..args.runs {
+        let output = Command::new(&tool)
+            .args(["consume", bootstrap, &topic])
+            .output()?;
+        if !output.status.success() {
+            bail!(
+                "the baseline consumer failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let figures: Value = serde_json::from_slice(&output.stdout)?;
+        let seconds = figures["seconds"].as_f64().unwrap_or(f64::NAN);
+        let records = figures["records"].as_f64().unwrap_or(0.0);
+        let bytes = figures["bytes"].as_f64().unwrap_or(0.0);
+        println!(
+            "baseline run {run}: {:.0} records/s, {:.1} MB/s",
+            records / seconds,
+            bytes / seconds / 1e6
+        );
+        baseline.push((records / seconds, bytes / seconds / 1e6));
+    }
+    let baseline_median = median(baseline.iter().map(|b| b.0).collect());
+
+    let mut results = Vec::new();
+    for configuration in configurations() {
+        let mut runs = Vec::new();
+        for run in 0..args.runs {
+            let dir = work
+                .join("work")
+                .join(slug(&configuration.name))
+                .join(run.to_string());
+            if dir.exists() {
+                fs::remove_dir_all(&dir)?;
+            }
+            fs::create_dir_all(&dir)?;
+            let measured = run_once(&sluice, &dir, &configuration, &topic, bootstrap)?;
+            println!(
+                "{} run {run}: {:.0} records/s (x{:.2} of the baseline), peak RSS {} MiB, restart {:.0} ms",
+                configuration.name,
+                measured.records_per_second,
+                measured.records_per_second / baseline_median,
+                measured.peak_rss_kib / 1024,
+                measured.restart_ms
+            );
+            runs.push(measured);
+        }
+        results.push(summarise(&configuration, runs, baseline_median));
+    }
+
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let command = format!(
+        "cargo xtask bench --records {} --partitions {} --value-bytes {} --runs {}",
+        args.records, args.partitions, args.value_bytes, args.runs
+    );
+    let report = json!({
+        "command": command,
+        "cores": cores,
+        "topic": topic,
+        "baseline": {
+            "records_per_second": stats(baseline.iter().map(|b| b.0).collect()),
+            "megabytes_per_second": stats(baseline.iter().map(|b| b.1).collect()),
+        },
+        "configurations": results,
+    });
+    let results_path = work.join("results.json");
+    fs::write(&results_path, serde_json::to_string_pretty(&report)?)?;
+    println!("wrote {}", results_path.display());
+    let chart = root.join("docs").join("benchmarks-throughput.svg");
+    let status = Command::new(&tool)
+        .args(["chart"])
+        .arg(&results_path)
+        .arg(&chart)
+        .status()?;
+    if !status.success() {
+        bail!("drawing the chart failed");
+    }
+    write_markdown(&root.join("docs").join("benchmarks.md"), &report)?;
+    Ok(())
+}
+
+fn slug(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
+}
+
+fn run_once(
+    sluice: &Path,
+    dir: &Path,
+    configuration: &Configuration,
+    topic: &str,
+    bootstrap: &str,
+) -> Result<Run> {
+    let checkpoint = match configuration.store {
+        Store::Directory => format!("location = \"{}\"", dir.join("checkpoint").display()),
+        Store::Cassandra => format!(
+            "location = \"cassandra://127.0.0.1:9042/sluice_bench?query={}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"",
+            uuid_like()
+        ),
+    };
+    let sink = if configuration.jsonl {
+        format!("type = \"jsonl\"\npath = \"{}\"", dir.join("out").display())
+    } else {
+        "type = \"discard\"".to_owned()
+    };
+    let max = configuration
+        .max_offsets
+        .map(|m| format!("max_offsets_per_trigger = {m}"))
+        .unwrap_or_default();
+    let progress = dir.join("progress.jsonl");
+    let config = dir.join("query.toml");
+    fs::write(
+        &config,
+        format!(
+            "[source]\nbootstrap_servers = \"{bootstrap}\"\nsubscribe = [\"{topic}\"]\nstarting_offsets = \"earliest\"\n{max}\n\n\
+             [checkpoint]\n{checkpoint}\n\n[trigger]\navailable_now = true\n\n[sink]\n{sink}\n\n\
+             [progress]\nfile = \"{}\"\n",
+            progress.display()
+        ),
+    )?;
+
+    let started = Instant::now();
+    let mut child = Command::new(sluice)
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()?;
+    let mut peak_rss_kib = 0;
+    let status = loop {
+        if let Some(kib) = peak_rss(child.id()) {
+            peak_rss_kib = peak_rss_kib.max(kib);
+        }
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        sleep(Duration::from_millis(20));
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    if !status.success() {
+        bail!(
+            "sluice run failed for {} ({status}); see {}",
+            configuration.name,
+            config.display()
+        );
+    }
+    let lines: Vec<Value> = fs::read_to_string(&progress)?
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let records: f64 = lines
+        .iter()
+        .map(|p| p["numInputRows"].as_f64().unwrap_or(0.0))
+        .sum();
+    let durations = |field: &str| -> Vec<f64> {
+        lines
+            .iter()
+            .filter_map(|p| p["durationMs"][field].as_f64())
+            .collect()
+    };
+
+    // Restart: move the query back by one partition's worth of a small batch, then
+    // time a fresh process until its first batch is committed.
+    let show = Command::new(sluice)
+        .args(["offsets", "show", "--checkpoint", &location_of(&checkpoint)])
+        .output()?;
+    let shown: Value = serde_json::from_slice(&show.stdout).context("reading offsets show")?;
+    let ends = &shown["lastCommitted"]["endOffsets"][topic];
+    let back = ends["0"].as_i64().unwrap_or(0).saturating_sub(1000).max(0);
+    let set = Command::new(sluice)
+        .args([
+            "offsets",
+            "set",
+            "--checkpoint",
+            &location_of(&checkpoint),
+            "--offsets",
+        ])
+        .arg(format!("{{\"{topic}\":{{\"0\":{back}}}}}"))
+        .output()?;
+    if !set.status.success() {
+        bail!(
+            "offsets set failed: {}",
+            String::from_utf8_lossy(&set.stderr)
+        );
+    }
+    let before = fs::read_to_string(&progress)?.lines().count();
+    let restart_started = Instant::now();
+    let mut restarted = Command::new(sluice)
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()?;
+    let restart_ms = loop {
+        if fs::read_to_string(&progress)?.lines().count() > before {
+            break restart_started.elapsed().as_secs_f64() * 1000.0;
+        }
+        if restarted.try_wait()?.is_some()
+            && fs::read_to_string(&progress)?.lines().count() == before
+        {
+            bail!(
+                "the restarted run of {} committed no batch",
+                configuration.name
+            );
+        }
+        if restart_started.elapsed() > Duration::from_secs(60) {
+            let _ = restarted.kill();
+            bail!(
+                "the restarted run of {} did not commit a batch within 60 s",
+                configuration.name
+            );
+        }
+        sleep(Duration::from_millis(2));
+    };
+    restarted.wait()?;
+
+    Ok(Run {
+        records_per_second: records / seconds,
+        wal_commit_ms: durations("walCommit"),
+        commit_offsets_ms: durations("commitOffsets"),
+        peak_rss_kib,
+        restart_ms,
+    })
+}
+
+fn location_of(checkpoint_line: &str) -> String {
+    checkpoint_line
+        .split('"')
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn uuid_like() -> String {
+    format!(
+        "bench_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    )
+}
+
+/// The peak resident set size (VmHWM) of a running process, in KiB.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn percentile(mut values: Vec<f64>, q: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values[((values.len() - 1) as f64 * q).round() as usize]
+}
+
+fn stats(values: Vec<f64>) -> Value {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    json!({"median": median(values), "min": min, "max": max})
+}
+
+fn summarise(configuration: &Configuration, runs: Vec<Run>, baseline: f64) -> Value {
+    let rates: Vec<f64> = runs.iter().map(|r| r.records_per_second).collect();
+    let wal: Vec<f64> = runs.iter().flat_map(|r| r.wal_commit_ms.clone()).collect();
+    let commit: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.commit_offsets_ms.clone())
+        .collect();
+    json!({
+        "name": configuration.name,
+        "records_per_second": stats(rates.clone()),
+        "ratio_to_baseline": median(rates) / baseline,
+        "wal_commit_ms": {"p50": percentile(wal.clone(), 0.5), "p99": percentile(wal, 0.99)},
+        "commit_offsets_ms": {"p50": percentile(commit.clone(), 0.5), "p99": percentile(commit, 0.99)},
+        "peak_rss_mib": stats(runs.iter().map(|r| r.peak_rss_kib as f64 / 1024.0).collect()),
+        "restart_ms": stats(runs.iter().map(|r| r.restart_ms).collect()),
+        "runs": runs.len(),
+    })
+}
+
+fn write_markdown(path: &PathBuf, report: &Value) -> Result<()> {
+    let mut table = format!(
+        "Measured with `{}` on a machine with {} cores, against topic `{}`.\n\n\
+         Baseline, a plain rdkafka consumer reading every partition to its end: {:.0} records/s \
+         (min {:.0}, max {:.0}), {:.1} MB/s.\n\n\
+         | configuration | records/s (median, min–max) | ratio to baseline | walCommit p50/p99 ms | commitOffsets p50/p99 ms | peak RSS MiB | restart to first commit ms |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
+        report["command"].as_str().unwrap_or_default(),
+        report["cores"],
+        report["topic"].as_str().unwrap_or_default(),
+        report["baseline"]["records_per_second"]["median"]
+            .as_f64()
+            .unwrap_or(0.0),
+        report["baseline"]["records_per_second"]["min"]
+            .as_f64()
+            .unwrap_or(0.0),
+        report["baseline"]["records_per_second"]["max"]
+            .as_f64()
+            .unwrap_or(0.0),
+        report["baseline"]["megabytes_per_second"]["median"]
+            .as_f64()
+            .unwrap_or(0.0),
+    );
+    for c in report["configurations"].as_array().into_iter().flatten() {
+        let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+        table.push_str(&format!(
+            "| {} | {:.0} ({:.0}–{:.0}) | {:.2} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.0} |\n",
+            c["name"].as_str().unwrap_or_default(),
+            f(&c["records_per_second"]["median"]),
+            f(&c["records_per_second"]["min"]),
+            f(&c["records_per_second"]["max"]),
+            f(&c["ratio_to_baseline"]),
+            f(&c["wal_commit_ms"]["p50"]),
+            f(&c["wal_commit_ms"]["p99"]),
+            f(&c["commit_offsets_ms"]["p50"]),
+            f(&c["commit_offsets_ms"]["p99"]),
+            f(&c["peak_rss_mib"]["median"]),
+            f(&c["restart_ms"]["median"]),
+        ));
+    }
+    table.push_str("\n![throughput per configuration](benchmarks-throughput.svg)\n");
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let (start, end) = ("<!-- bench:start -->", "<!-- bench:end -->");
+    let new = match (text.find(start), text.find(end)) {
+        (Some(s), Some(e)) if s < e => format!("{}{start}\n{table}{}", &text[..s], &text[e..]),
+        _ => format!("{text}\n{start}\n{table}{end}\n"),
+    };
+    fs::write(path, new)?;
+    println!("updated {}", path.display());
+    Ok(())
+}
