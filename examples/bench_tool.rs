@@ -4,7 +4,8 @@
 //!   topic and fills it to `records` records, with a progress bar; a topic that
 //!   already holds them is reused.
 //! - `consume <bootstrap> <topic>`: the baseline, a plain rdkafka consumer reading
-//!   every partition to its end with no processing; prints JSON figures.
+//!   every partition to its end with no processing, with the fetch settings Sluice
+//!   uses; prints JSON figures.
 //! - `chart <results.json> <out.svg>`: throughput per configuration, as SVG.
 
 use std::time::{Duration, Instant};
@@ -136,9 +137,13 @@ fn fill(
 }
 
 fn consume(bootstrap: &str, topic: &str) -> Result<()> {
+    // The same fetch settings as Sluice's source, so that the baseline is the
+    // ceiling for the same client configuration, not a slower default.
     let consumer: BaseConsumer = config(bootstrap)
         .set("group.id", "sluice-bench-baseline")
         .set("enable.auto.commit", "false")
+        .set("fetch.queue.backoff.ms", "10")
+        .set("fetch.wait.max.ms", "20")
         .create()?;
     let ends = ends(&consumer, topic)?;
     let total: i64 = ends.iter().map(|(_, h)| *h).sum();
