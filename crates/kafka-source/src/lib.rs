@@ -48,6 +48,23 @@ impl ClientContext for SourceContext {
             RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
         }
     }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        SourceContext::global_error(&error, reason);
+    }
+}
+
+impl SourceContext {
+    fn global_error(error: &rdkafka::error::KafkaError, reason: &str) {
+        match error {
+            // The end of a partition that a finished read no longer watches.
+            rdkafka::error::KafkaError::PartitionEOF(_) => {
+                tracing::debug!(target: "librdkafka", "{reason}")
+            }
+            // librdkafka retries these itself; a read that never recovers times out.
+            _ => tracing::warn!(target: "librdkafka", %error, "{reason}"),
+        }
+    }
 }
 
 impl ConsumerContext for SourceContext {}
