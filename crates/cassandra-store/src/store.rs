@@ -312,34 +312,19 @@ impl CassandraStore {
         batch: BatchId,
         current_epoch: Option<i64>,
     ) -> CassandraStoreError {
-        let current = match current_epoch {
-            Some(epoch) => Some((epoch, String::new())),
-            None => self
-                .read_claim()
-                .await
-                .ok()
-                .flatten()
-                .map(|(_, e, o)| (e, o)),
+        // Our own epoch in the answer means the entry exists; otherwise read the
+        // claim once, for the epoch and the owner to name.
+        let claim = match current_epoch {
+            Some(epoch) if epoch == self.epoch => None,
+            _ => self.read_claim().await.ok().flatten(),
         };
-        match current {
-            Some((epoch, owner)) if epoch != self.epoch => {
-                let owner = if owner.is_empty() {
-                    self.read_claim()
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|c| c.2)
-                        .unwrap_or_default()
-                } else {
-                    owner
-                };
-                CassandraStoreError::Fenced {
-                    query: self.location.query.clone(),
-                    epoch: self.epoch,
-                    current_epoch: epoch,
-                    owner,
-                }
-            }
+        match claim {
+            Some((_, epoch, owner)) if epoch != self.epoch => CassandraStoreError::Fenced {
+                query: self.location.query.clone(),
+                epoch: self.epoch,
+                current_epoch: epoch,
+                owner,
+            },
             _ => CassandraStoreError::AlreadyExists {
                 entry: self.entry(kind, batch),
             },

@@ -146,18 +146,7 @@ impl Client {
                 Ok(answer)
             },
         )?;
-        Ok(answer
-            .elements()
-            .into_iter()
-            .map(|elem| {
-                let tp = TopicPartition::new(elem.topic(), elem.partition());
-                let offset = match elem.offset() {
-                    KafkaOffset::Offset(n) => Offset::new(n),
-                    _ => None,
-                };
-                (tp, offset)
-            })
-            .collect())
+        Ok(offsets_of(&answer))
     }
 
     /// The consumer group's committed offsets; `None` where it has none.
@@ -176,17 +165,7 @@ impl Client {
                     .committed_offsets(request.clone(), self.config.request_timeout)
             },
         )?;
-        Ok(answer
-            .elements()
-            .into_iter()
-            .map(|elem| {
-                let offset = match elem.offset() {
-                    KafkaOffset::Offset(n) => Offset::new(n),
-                    _ => None,
-                };
-                (TopicPartition::new(elem.topic(), elem.partition()), offset)
-            })
-            .collect())
+        Ok(offsets_of(&answer))
     }
 
     /// Commits `offsets` (next offsets to read, as Kafka expects) to the group.
@@ -206,4 +185,20 @@ impl Client {
                 source: Box::new(source),
             })
     }
+}
+
+/// The offsets of an answer per partition; `None` where Kafka gave no offset
+/// (no record at a timestamp, no committed offset).
+fn offsets_of(answer: &TopicPartitionList) -> BTreeMap<TopicPartition, Option<Offset>> {
+    answer
+        .elements()
+        .into_iter()
+        .map(|elem| {
+            let offset = match elem.offset() {
+                KafkaOffset::Offset(n) => Offset::new(n),
+                _ => None,
+            };
+            (TopicPartition::new(elem.topic(), elem.partition()), offset)
+        })
+        .collect()
 }

@@ -29,6 +29,8 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 struct Pending {
     topic: Arc<str>,
     partition: i32,
+    /// The planned start, for error messages.
+    from: i64,
     /// The first offset not yet read.
     next: i64,
     until: i64,
@@ -58,6 +60,7 @@ pub(crate) fn read(client: &Client, ranges: &[OffsetRange]) -> Result<ReadBatch,
         .map(|r| Pending {
             topic: Arc::from(r.topic_partition.topic.as_str()),
             partition: r.topic_partition.partition,
+            from: r.from.value(),
             next: r.from.value(),
             until: r.until.value(),
             done: r.is_empty(),
@@ -128,7 +131,7 @@ pub(crate) fn read(client: &Client, ranges: &[OffsetRange]) -> Result<ReadBatch,
                             .find(|p| !p.done)
                             .map(|p| KafkaSourceError::PollTimeout {
                                 topic_partition: p.topic_partition(),
-                                from: offset(ranges_from(ranges, p)),
+                                from: offset(p.from),
                                 until: offset(p.until),
                                 reached: offset(p.next),
                                 timeout_ms: poll_timeout.as_millis(),
@@ -173,15 +176,6 @@ pub(crate) fn read(client: &Client, ranges: &[OffsetRange]) -> Result<ReadBatch,
         tracing::debug!(error = %e, "dropping the assignment after a read failed");
     }
     Ok(batch)
-}
-
-fn ranges_from(ranges: &[OffsetRange], p: &Pending) -> i64 {
-    ranges
-        .iter()
-        .find(|r| {
-            r.topic_partition.partition == p.partition && *r.topic_partition.topic == *p.topic
-        })
-        .map_or(p.next, |r| r.from.value())
 }
 
 fn offset(value: i64) -> Offset {
