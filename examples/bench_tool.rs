@@ -144,6 +144,12 @@ fn consume(bootstrap: &str, topic: &str) -> Result<()> {
         .set("enable.auto.commit", "false")
         .set("fetch.queue.backoff.ms", "10")
         .set("fetch.wait.max.ms", "20")
+        // Sluice's whole prefetch budget, in the one shared queue.
+        .set(
+            "queued.max.messages.kbytes",
+            sluice_kafka_source::READ_QUEUE_KBYTES.to_string(),
+        )
+        .set("fetch.max.bytes", "8388608")
         .create()?;
     let ends = ends(&consumer, topic)?;
     let total: i64 = ends.iter().map(|(_, h)| *h).sum();

@@ -16,31 +16,52 @@ use anyhow::{Context, Result};
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_executor::{Query, QueryOptions, Trigger};
 use sluice_kafka_source::{KafkaSource, KafkaSourceConfig, TopicSelection};
-use sluice_offsets::{BatchId, ReadBatch, Sink, StartingOffsets};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, StartingOffsets};
 
 /// Counts records per key and writes one file per batch.
 struct CountPerKey {
     dir: PathBuf,
+    /// The counts of the batch in progress; records arrive in chunks.
+    counts: BTreeMap<String, u64>,
+    records: u64,
 }
 
 impl Sink for CountPerKey {
     type Error = std::io::Error;
 
-    async fn write_batch(&mut self, batch: BatchId, records: &ReadBatch) -> std::io::Result<()> {
-        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-        for record in records.partitions.iter().flat_map(|p| &p.records) {
+    async fn begin_batch(
+        &mut self,
+        _batch: BatchId,
+        _ranges: &[OffsetRange],
+    ) -> std::io::Result<()> {
+        // A batch may begin again after a failed read: start from nothing.
+        self.counts.clear();
+        self.records = 0;
+        Ok(())
+    }
+
+    async fn write(&mut self, records: &RecordChunk) -> std::io::Result<()> {
+        for record in records {
             let key = record
-                .key
-                .as_deref()
+                .key()
                 .map(|k| String::from_utf8_lossy(k).into_owned())
                 .unwrap_or_else(|| "(no key)".to_owned());
-            *counts.entry(key).or_default() += 1;
+            *self.counts.entry(key).or_default() += 1;
+            self.records += 1;
         }
-        let text: String = counts.iter().map(|(k, n)| format!("{k}\t{n}\n")).collect();
+        Ok(())
+    }
+
+    async fn finish_batch(&mut self, batch: BatchId) -> std::io::Result<()> {
+        let text: String = self
+            .counts
+            .iter()
+            .map(|(k, n)| format!("{k}\t{n}\n"))
+            .collect();
         println!(
             "batch {batch}: {} records, {} keys",
-            records.record_count(),
-            counts.len()
+            self.records,
+            self.counts.len()
         );
         // Same batch, same records, same file: replacing it is exactly once.
         tokio::fs::write(self.dir.join(format!("counts-{batch}.txt")), text).await
@@ -60,6 +81,8 @@ async fn main() -> Result<()> {
     let source = KafkaSource::new(config, checkpoint.id())?;
     let sink = CountPerKey {
         dir: PathBuf::from(output),
+        counts: BTreeMap::new(),
+        records: 0,
     };
     let options = QueryOptions {
         name: Some("count_per_key".to_owned()),

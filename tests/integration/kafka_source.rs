@@ -52,6 +52,28 @@ fn range(topic: &str, partition: i32, from: i64, until: i64) -> OffsetRange {
 }
 
 /// The offsets and values read for each range.
+/// Reads a batch whole, and checks that the source sent no record outside the
+/// planned ranges.
+trait ReadWhole {
+    async fn read_batch(
+        &mut self,
+        ranges: &[OffsetRange],
+    ) -> Result<sluice_offsets::ReadBatch, KafkaSourceError>;
+}
+
+impl ReadWhole for KafkaSource {
+    async fn read_batch(
+        &mut self,
+        ranges: &[OffsetRange],
+    ) -> Result<sluice_offsets::ReadBatch, KafkaSourceError> {
+        let reader = self.read(ranges).await?;
+        match sluice_offsets::read_all(ranges, reader).await? {
+            Ok(batch) => Ok(batch),
+            Err(record) => panic!("a record outside the planned ranges: {record:?}"),
+        }
+    }
+}
+
 fn read_values(batch: &sluice_offsets::ReadBatch) -> Vec<Vec<(i64, String)>> {
     batch
         .partitions
@@ -102,7 +124,7 @@ async fn reads_exact_ranges_over_several_partitions_in_order() {
         range(&topic, 1, 0, 100),
         range(&topic, 2, 95, 100),
     ];
-    let batch = source.read(&first).await.unwrap();
+    let batch = source.read_batch(&first).await.unwrap();
     assert_eq!(
         read_values(&batch),
         vec![
@@ -119,7 +141,7 @@ async fn reads_exact_ranges_over_several_partitions_in_order() {
         range(&topic, 1, 100, 100),
         range(&topic, 2, 0, 5),
     ];
-    let batch = source.read(&second).await.unwrap();
+    let batch = source.read_batch(&second).await.unwrap();
     assert_eq!(
         read_values(&batch),
         vec![expected("p0", 60, 100), vec![], expected("p2", 0, 5)]
@@ -168,7 +190,7 @@ async fn picks_up_new_partitions_and_matching_topics_from_offset_zero() {
     let planned: PartitionOffsets = before.keys().map(|tp| (tp.clone(), off(0))).collect();
     assert_eq!(classify_batch(&planned, &after), vec![]);
     let batch = source
-        .read(&[range(&topic, 2, 0, 5), range(&other, 0, 0, 3)])
+        .read_batch(&[range(&topic, 2, 0, 5), range(&other, 0, 0, 3)])
         .await
         .unwrap();
     assert_eq!(
@@ -342,7 +364,7 @@ async fn purged_offsets_are_named_or_skipped_with_an_exact_count() {
 
     // While reading: librdkafka's out-of-range error is traced to its partition.
     let ranges = [range(&topic, 0, 10, 100), range(&topic, 1, 0, 10)];
-    let err = strict.read(&ranges).await.unwrap_err();
+    let err = strict.read_batch(&ranges).await.unwrap_err();
     println!("data loss while reading:\n{err}");
     assert!(
         matches!(err, KafkaSourceError::DataLoss(ref l) if l.len() == 1),
@@ -361,7 +383,7 @@ async fn purged_offsets_are_named_or_skipped_with_an_exact_count() {
     let mut tolerant_config = subscribe(&topic);
     tolerant_config.fail_on_data_loss = false;
     let mut tolerant = source(tolerant_config);
-    let batch = tolerant.read(&ranges).await.unwrap();
+    let batch = tolerant.read_batch(&ranges).await.unwrap();
     assert_eq!(
         read_values(&batch),
         vec![expected("v", 40, 100), expected("w", 0, 10)]
@@ -436,7 +458,7 @@ async fn aborted_transactions_leave_no_gap_error() {
     let end = source.partitions().await.unwrap()[&tp(&topic, 0)].high;
     assert_eq!(end, off(22));
 
-    let batch = source.read(&[range(&topic, 0, 0, 22)]).await.unwrap();
+    let batch = source.read_batch(&[range(&topic, 0, 0, 22)]).await.unwrap();
     let offsets: Vec<i64> = batch.partitions[0]
         .records
         .iter()
@@ -446,8 +468,118 @@ async fn aborted_transactions_leave_no_gap_error() {
     assert!(batch.data_loss.is_empty());
 
     // A range holding nothing but aborted records and a marker ends too.
-    let batch = source.read(&[range(&topic, 0, 0, 11)]).await.unwrap();
+    let batch = source.read_batch(&[range(&topic, 0, 0, 11)]).await.unwrap();
     assert_eq!(batch.record_count(), 0);
+
+    // Back-to-back batches whose ends fall on aborted records and markers: each
+    // continues where the last ended, and no record is lost or read twice.
+    let mut read = Vec::new();
+    for (from, until) in [(0, 5), (5, 11), (11, 15), (15, 21), (21, 22)] {
+        let batch = source
+            .read_batch(&[range(&topic, 0, from, until)])
+            .await
+            .unwrap();
+        read.push(
+            batch.partitions[0]
+                .records
+                .iter()
+                .map(|r| r.offset.value())
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(
+        read,
+        vec![
+            vec![],
+            vec![],
+            (11..15).collect(),
+            (15..21).collect(),
+            vec![]
+        ]
+    );
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn back_to_back_batches_continue_and_a_replay_starts_over() {
+    let topic = sluice_tests::unique_name("continue");
+    create_topic(&topic, 4).await;
+    let p = producer();
+    // Enough records that a partition takes several fetches.
+    for partition in 0..4 {
+        produce(
+            &p,
+            &topic,
+            &numbered(partition, &format!("p{partition}"), 6000),
+        )
+        .await;
+    }
+    let mut source = source(subscribe(&topic));
+    // Batches of uneven sizes per partition, some empty, as rate limits make them.
+    let steps: [[i64; 4]; 6] = [
+        [700, 0, 2500, 10],
+        [700, 3000, 0, 10],
+        [1, 3000, 2500, 5000],
+        [4000, 0, 1000, 0],
+        [599, 0, 0, 980],
+        [0, 0, 0, 0],
+    ];
+    let mut at = [0_i64; 4];
+    for step in steps {
+        let ranges: Vec<OffsetRange> = (0..4)
+            .map(|i| range(&topic, i as i32, at[i], at[i] + step[i]))
+            .collect();
+        let batch = source.read_batch(&ranges).await.unwrap();
+        let want: Vec<_> = (0..4)
+            .map(|i| expected(&format!("p{i}"), at[i], at[i] + step[i]))
+            .collect();
+        assert_eq!(read_values(&batch), want, "batch over {ranges:?}");
+        for i in 0..4 {
+            at[i] += step[i];
+        }
+    }
+    assert_eq!(at, [6000; 4]);
+    assert_eq!(
+        source.assignments(),
+        1,
+        "each batch continued from the last"
+    );
+
+    // A replay reads earlier ranges again, then the query goes on from its end.
+    let replay = [
+        range(&topic, 0, 700, 1401),
+        range(&topic, 1, 0, 3000),
+        range(&topic, 2, 5000, 5000),
+        range(&topic, 3, 10, 20),
+    ];
+    let batch = source.read_batch(&replay).await.unwrap();
+    assert_eq!(
+        read_values(&batch),
+        vec![
+            expected("p0", 700, 1401),
+            expected("p1", 0, 3000),
+            vec![],
+            expected("p3", 10, 20)
+        ]
+    );
+    assert_eq!(source.assignments(), 2, "a replay assigns afresh");
+    let after = [
+        range(&topic, 0, 1401, 1500),
+        range(&topic, 1, 3000, 3001),
+        range(&topic, 2, 5000, 6000),
+        range(&topic, 3, 20, 40),
+    ];
+    let batch = source.read_batch(&after).await.unwrap();
+    assert_eq!(
+        read_values(&batch),
+        vec![
+            expected("p0", 1401, 1500),
+            expected("p1", 3000, 3001),
+            expected("p2", 5000, 6000),
+            expected("p3", 20, 40)
+        ]
+    );
+    assert_eq!(source.assignments(), 2);
     delete_topic(&topic).await;
 }
 
@@ -462,7 +594,10 @@ async fn headers_come_with_records_when_asked_for() {
     produce(&producer(), &topic, &[record]).await;
     let mut with = subscribe(&topic);
     with.include_headers = true;
-    let batch = source(with).read(&[range(&topic, 0, 0, 1)]).await.unwrap();
+    let batch = source(with)
+        .read_batch(&[range(&topic, 0, 0, 1)])
+        .await
+        .unwrap();
     let headers = &batch.partitions[0].records[0].headers;
     assert_eq!(headers.len(), 1);
     assert_eq!(
@@ -470,7 +605,7 @@ async fn headers_come_with_records_when_asked_for() {
         ("trace", Some(&b"abc"[..]))
     );
     let batch = source(subscribe(&topic))
-        .read(&[range(&topic, 0, 0, 1)])
+        .read_batch(&[range(&topic, 0, 0, 1)])
         .await
         .unwrap();
     assert!(batch.partitions[0].records[0].headers.is_empty());
@@ -593,7 +728,7 @@ async fn a_read_that_stalls_names_the_partition_and_what_was_read() {
     config.poll_timeout = Duration::from_secs(2);
     // The plan asks for offsets that were never written.
     let err = source(config)
-        .read(&[range(&topic, 0, 5, 20)])
+        .read_batch(&[range(&topic, 0, 5, 20)])
         .await
         .unwrap_err();
     let message = err.to_string();

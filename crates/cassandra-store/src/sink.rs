@@ -11,7 +11,7 @@ use scylla::client::session::Session;
 use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 use serde_json::{Map, Value};
-use sluice_offsets::{BatchId, ReadBatch, Record, Sink};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, RecordRef, Sink};
 use tokio::task::JoinSet;
 
 use crate::CassandraStoreError;
@@ -83,6 +83,10 @@ pub struct CassandraSink {
     blobs: Vec<String>,
     /// The primary key columns, which every record must fill.
     key_columns: Vec<String>,
+    /// The batch begun last.
+    batch: BatchId,
+    /// Upserts of that batch not yet acknowledged.
+    in_flight: JoinSet<Result<(), CassandraStoreError>>,
 }
 
 impl CassandraSink {
@@ -147,11 +151,13 @@ impl CassandraSink {
             config,
             blobs,
             key_columns,
+            batch: BatchId::FIRST,
+            in_flight: JoinSet::new(),
         })
     }
 
     /// The row of one record, as the JSON Cassandra's `INSERT ... JSON` takes.
-    fn row(&self, record: &Record) -> Result<String, String> {
+    fn row(&self, record: RecordRef<'_>) -> Result<String, String> {
         let mut row = Map::new();
         let mut parsed: Option<Option<Value>> = None;
         for (column, field) in &self.config.columns {
@@ -162,17 +168,16 @@ impl CassandraSink {
                 Some(b) => Value::from(String::from_utf8_lossy(b).into_owned()),
             };
             let value = match field {
-                Field::Topic => Value::from(record.topic.as_ref()),
-                Field::Partition => Value::from(record.partition),
-                Field::Offset => Value::from(record.offset.value()),
-                Field::Timestamp => record.timestamp_ms.map_or(Value::Null, Value::from),
-                Field::Key => bytes(record.key.as_deref()),
-                Field::Value => bytes(record.value.as_deref()),
+                Field::Topic => Value::from(record.topic()),
+                Field::Partition => Value::from(record.partition()),
+                Field::Offset => Value::from(record.offset().value()),
+                Field::Timestamp => record.timestamp_ms().map_or(Value::Null, Value::from),
+                Field::Key => bytes(record.key()),
+                Field::Value => bytes(record.value()),
                 Field::ValueField(path) => {
                     let document = parsed.get_or_insert_with(|| {
                         record
-                            .value
-                            .as_deref()
+                            .value()
                             .and_then(|v| serde_json::from_slice::<Value>(v).ok())
                     });
                     path.iter()
@@ -206,26 +211,40 @@ fn hex(bytes: &[u8]) -> String {
 impl Sink for CassandraSink {
     type Error = CassandraStoreError;
 
-    async fn write_batch(
+    async fn begin_batch(
         &mut self,
         batch: BatchId,
-        records: &ReadBatch,
+        _ranges: &[OffsetRange],
     ) -> Result<(), CassandraStoreError> {
+        // Upserts are idempotent, so a batch begun again needs no clean-up; what an
+        // abandoned attempt still has in flight is not waited for.
+        self.in_flight.abort_all();
+        self.in_flight = JoinSet::new();
+        self.batch = batch;
+        Ok(())
+    }
+
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), CassandraStoreError> {
         let table = format!("{}.{}", self.config.keyspace, self.config.table);
-        let mut in_flight = JoinSet::new();
-        for record in records.partitions.iter().flat_map(|p| &p.records) {
-            let position = format!("{}-{}@{}", record.topic, record.partition, record.offset);
+        let batch = self.batch;
+        for record in records {
+            let position = format!(
+                "{}-{}@{}",
+                record.topic(),
+                record.partition(),
+                record.offset()
+            );
             let row = self
                 .row(record)
                 .map_err(|problem| CassandraStoreError::Damaged {
                     entry: format!("record {position} for {table}"),
                     problem,
                 })?;
-            if in_flight.len() >= CONCURRENCY {
-                join_one(&mut in_flight).await?;
+            if self.in_flight.len() >= CONCURRENCY {
+                join_one(&mut self.in_flight).await?;
             }
             let (session, insert) = (self.session.clone(), self.insert.clone());
-            in_flight.spawn(async move {
+            self.in_flight.spawn(async move {
                 session
                     .execute_unpaged(&insert, (row,))
                     .await
@@ -235,8 +254,12 @@ impl Sink for CassandraSink {
                     )))
             });
         }
-        while !in_flight.is_empty() {
-            join_one(&mut in_flight).await?;
+        Ok(())
+    }
+
+    async fn finish_batch(&mut self, _batch: BatchId) -> Result<(), CassandraStoreError> {
+        while !self.in_flight.is_empty() {
+            join_one(&mut self.in_flight).await?;
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::num::NonZeroU64;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchMetadata, BatchPlan, DataLoss, DataLossDecision,
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss, DataLossDecision,
     MinOffsetsPerTrigger, OffsetStore, PartitionOffsets, Recovery, Sink, Source, StartingOffsets,
     apply_data_loss_policy, classify_batch, purge_threshold, rate_limit, should_run_batch,
 };
@@ -395,29 +395,10 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             planned.durations.wal_commit = millis(t.elapsed());
 
             let t = Instant::now();
-            // Reading a durable plan again is safe: it reads the same ranges.
-            let records = retrying!(
-                retry,
-                "reading the batch",
-                self.source.read(planned.plan.ranges()),
-                Src::is_transient,
-                ExecutorError::Source
-            )?;
-            planned.durations.get_batch = millis(t.elapsed());
-            for loss in &records.data_loss {
-                tracing::warn!(
-                    lost_offsets = loss.lost_offsets(),
-                    "{loss}; skipped while reading because fail_on_data_loss is false"
-                );
-            }
-            planned.losses.extend(records.data_loss.iter().cloned());
-
-            let t = Instant::now();
-            self.sink
-                .write_batch(batch, &records)
-                .await
-                .map_err(|e| ExecutorError::Sink(Box::new(e)))?;
-            planned.durations.add_batch = millis(t.elapsed());
+            let (rows, losses) = self.stream(&planned.plan, &mut planned.durations).await?;
+            planned.durations.add_batch =
+                millis(t.elapsed()).saturating_sub(planned.durations.get_batch);
+            planned.losses.extend(losses);
 
             let t = Instant::now();
             let commit = BatchCommit {
@@ -448,7 +429,6 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             planned.durations.commit_offsets = millis(t.elapsed());
             planned.durations.trigger_execution = millis(planned.trigger_start.elapsed());
 
-            let rows = records.record_count() as u64;
             let progress = self.progress(&planned, rows, &end);
             tracing::info!(
                 batch = batch.0,
@@ -470,6 +450,81 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
         }
         .instrument(span)
         .await
+    }
+
+    /// Streams the batch's records from the source into the sink, chunk by chunk.
+    /// A read that fails transiently starts over, and the sink begins the batch
+    /// again: reading a durable plan again is safe, because it reads the same
+    /// ranges. Returns the records written and the data loss met.
+    async fn stream(
+        &mut self,
+        plan: &BatchPlan,
+        durations: &mut DurationMs,
+    ) -> Result<(u64, Vec<DataLoss>), ExecutorError> {
+        let batch = plan.id();
+        let retry = self.options.retry;
+        let mut attempt = 1_u32;
+        loop {
+            let t = Instant::now();
+            self.sink
+                .begin_batch(batch, plan.ranges())
+                .await
+                .map_err(|e| ExecutorError::Sink(Box::new(e)))?;
+            let mut reader = retrying!(
+                retry,
+                "reading the batch",
+                self.source.read(plan.ranges()),
+                Src::is_transient,
+                ExecutorError::Source
+            )?;
+            durations.get_batch = millis(t.elapsed());
+            let mut rows = 0_u64;
+            let failure = loop {
+                match reader.next_chunk().await {
+                    Ok(Some(chunk)) => {
+                        rows += chunk.len() as u64;
+                        self.sink
+                            .write(&chunk)
+                            .await
+                            .map_err(|e| ExecutorError::Sink(Box::new(e)))?;
+                    }
+                    Ok(None) => break None,
+                    Err(e) => break Some(e),
+                }
+            };
+            match failure {
+                None => {
+                    let losses = reader.data_loss().to_vec();
+                    for loss in &losses {
+                        tracing::warn!(
+                            lost_offsets = loss.lost_offsets(),
+                            "{loss}; skipped while reading because fail_on_data_loss is false"
+                        );
+                    }
+                    self.sink
+                        .finish_batch(batch)
+                        .await
+                        .map_err(|e| ExecutorError::Sink(Box::new(e)))?;
+                    return Ok((rows, losses));
+                }
+                Some(e) => {
+                    drop(reader);
+                    match retry_wait(
+                        retry,
+                        attempt,
+                        Src::is_transient(&e),
+                        &e,
+                        "reading the batch",
+                    ) {
+                        Some(wait) => {
+                            attempt += 1;
+                            tokio::time::sleep(wait).await;
+                        }
+                        None => return Err(ExecutorError::Source(Box::new(e))),
+                    }
+                }
+            }
+        }
     }
 
     fn progress(&mut self, planned: &Planned, rows: u64, end: &PartitionOffsets) -> QueryProgress {

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use sluice_executor::{ExecutorError, Query, QueryOptions, QueryProgress, Trigger};
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchPlan, Log, Offset, OffsetRange, OffsetStore, PartitionOffsets,
-    PartitionRecords, ReadBatch, Record, Sink, Source, StartingOffsets, StoredBatches,
+    BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, Log, Offset, OffsetRange, OffsetStore,
+    PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets, StoredBatches,
     TimestampType, TopicPartition, Watermarks,
 };
 use tokio::sync::watch;
@@ -26,6 +26,28 @@ struct MemSource {
     /// Failures the next `partitions` calls return, first to last.
     failures: Arc<Mutex<Vec<&'static str>>>,
     calls: Arc<Mutex<u32>>,
+    /// Failures that the next reads meet after their first chunk, first to last.
+    read_failures: Arc<Mutex<Vec<&'static str>>>,
+}
+
+/// Records per chunk of the in-memory source.
+const CHUNK: usize = 3;
+
+/// The chunks of one read, last first; an `Err` is a failure part way.
+struct MemReader {
+    chunks: Vec<Result<RecordChunk, TestError>>,
+}
+
+impl BatchReader for MemReader {
+    type Error = TestError;
+
+    async fn next_chunk(&mut self) -> Result<Option<RecordChunk>, TestError> {
+        self.chunks.pop().transpose()
+    }
+
+    fn data_loss(&self) -> &[DataLoss] {
+        &[]
+    }
 }
 
 impl MemSource {
@@ -48,6 +70,7 @@ impl MemSource {
 
 impl Source for MemSource {
     type Error = TestError;
+    type Reader = MemReader;
 
     fn is_transient(error: &TestError) -> bool {
         error.0 == TRANSIENT
@@ -96,32 +119,43 @@ impl Source for MemSource {
             .collect())
     }
 
-    async fn read(&mut self, ranges: &[OffsetRange]) -> Result<ReadBatch, TestError> {
+    async fn read(&mut self, ranges: &[OffsetRange]) -> Result<MemReader, TestError> {
         let logs = self.logs.lock().unwrap();
-        let mut batch = ReadBatch::default();
+        let mut records = Vec::new();
         for range in ranges {
             let (low, _) = logs[&range.topic_partition];
             if range.from.value() < low {
                 return Err(TestError(format!("{} purged", range.topic_partition)));
             }
-            let records = (range.from.value()..range.until.value())
-                .map(|o| Record {
-                    topic: Arc::from(range.topic_partition.topic.as_str()),
-                    partition: range.topic_partition.partition,
-                    offset: off(o),
-                    timestamp_ms: Some(o),
-                    timestamp_type: TimestampType::CreateTime,
-                    key: None,
-                    value: Some(format!("{}-{o}", range.topic_partition.partition).into_bytes()),
-                    headers: Vec::new(),
-                })
-                .collect();
-            batch.partitions.push(PartitionRecords {
-                range: range.clone(),
-                records,
-            });
+            records.extend((range.from.value()..range.until.value()).map(|o| Record {
+                topic: Arc::from(range.topic_partition.topic.as_str()),
+                partition: range.topic_partition.partition,
+                offset: off(o),
+                timestamp_ms: Some(o),
+                timestamp_type: TimestampType::CreateTime,
+                key: None,
+                value: Some(format!("{}-{o}", range.topic_partition.partition).into_bytes()),
+                headers: Vec::new(),
+            }));
         }
-        Ok(batch)
+        // Small chunks, so that every batch of more than a few records streams.
+        let mut chunks: Vec<Result<RecordChunk, TestError>> = records
+            .chunks(CHUNK)
+            .map(|part| {
+                let mut chunk = RecordChunk::default();
+                part.iter().for_each(|r| chunk.push_record(r));
+                Ok(chunk)
+            })
+            .collect();
+        let failure = {
+            let mut failures = self.read_failures.lock().unwrap();
+            (!failures.is_empty()).then(|| failures.remove(0))
+        };
+        if let Some(message) = failure {
+            chunks.insert(chunks.len().min(1), Err(TestError(message.to_owned())));
+        }
+        chunks.reverse();
+        Ok(MemReader { chunks })
     }
 
     async fn commit_progress(&mut self, _: &PartitionOffsets) -> Result<(), TestError> {
@@ -188,6 +222,10 @@ type Delivered = (BatchId, Vec<OffsetRange>, Vec<String>);
 #[derive(Clone, Default)]
 struct MemSink {
     batches: Arc<Mutex<Vec<Delivered>>>,
+    /// The batch begun last and what it received so far.
+    open: Option<Delivered>,
+    /// How many times a batch was begun, restarts included.
+    begins: Arc<Mutex<u32>>,
     fail_on: Option<BatchId>,
 }
 
@@ -205,18 +243,39 @@ impl MemSink {
 impl Sink for MemSink {
     type Error = TestError;
 
-    async fn write_batch(&mut self, batch: BatchId, records: &ReadBatch) -> Result<(), TestError> {
+    async fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> Result<(), TestError> {
         if self.fail_on == Some(batch) {
             return Err(TestError(format!("sink down at batch {batch}")));
         }
-        let ranges = records.partitions.iter().map(|p| p.range.clone()).collect();
-        let values = records
-            .partitions
-            .iter()
-            .flat_map(|p| &p.records)
-            .map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap())
-            .collect();
-        self.batches.lock().unwrap().push((batch, ranges, values));
+        *self.begins.lock().unwrap() += 1;
+        self.open = Some((batch, ranges.to_vec(), Vec::new()));
+        Ok(())
+    }
+
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), TestError> {
+        let open = self
+            .open
+            .as_mut()
+            .ok_or_else(|| TestError("records outside a batch".to_owned()))?;
+        open.2.extend(
+            records
+                .iter()
+                .map(|r| String::from_utf8(r.value().unwrap().to_vec()).unwrap()),
+        );
+        Ok(())
+    }
+
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), TestError> {
+        let open = self
+            .open
+            .take()
+            .filter(|o| o.0 == batch)
+            .ok_or_else(|| TestError(format!("batch {batch} ends without having begun")))?;
+        self.batches.lock().unwrap().push(open);
         Ok(())
     }
 }
@@ -607,5 +666,63 @@ async fn transient_source_failures_are_retried_and_permanent_ones_stop_at_once()
         *down.calls.lock().unwrap(),
         5,
         "gives up after max_attempts"
+    );
+}
+
+#[tokio::test]
+async fn a_read_failing_part_way_begins_the_batch_again_and_delivers_each_record_once() {
+    let source = MemSource::with(&[(0, 10), (1, 7)]);
+    source
+        .read_failures
+        .lock()
+        .unwrap()
+        .extend([TRANSIENT, TRANSIENT]);
+    let mut opts = options(Trigger::AvailableNow, None);
+    opts.retry = fast_retries(5);
+    let sink = MemSink::default();
+    let store = MemStore::default();
+    let mut query = Query::new(
+        opts.clone(),
+        "q".into(),
+        source,
+        store.clone(),
+        sink.clone(),
+    );
+    let summary = query.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!(summary.batches, 1);
+    assert_eq!(
+        summary.records, 17,
+        "rows count the successful attempt only"
+    );
+    assert_eq!(
+        *sink.begins.lock().unwrap(),
+        3,
+        "two failed attempts, then one whole"
+    );
+    let batches = sink.batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 1);
+    assert_eq!(
+        sorted(batches[0].2.clone()),
+        all_values(&[(0, 10), (1, 7)]),
+        "the records the failed attempts had delivered are not kept twice"
+    );
+    assert_eq!(store.commits.lock().unwrap().len(), 1);
+
+    // A failure that is not transient stops the query with the batch uncommitted.
+    let broken = MemSource::with(&[(0, 10)]);
+    broken.read_failures.lock().unwrap().push("corrupt record");
+    let store = MemStore::default();
+    let sink = MemSink::default();
+    let mut query = Query::new(opts, "q".into(), broken, store.clone(), sink.clone());
+    let err = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert_eq!(err.to_string(), "corrupt record");
+    assert_eq!(store.plans.lock().unwrap().len(), 1, "the plan is durable");
+    assert!(
+        store.commits.lock().unwrap().is_empty(),
+        "nothing is committed"
+    );
+    assert!(
+        sink.batches.lock().unwrap().is_empty(),
+        "the sink never finished it"
     );
 }

@@ -20,8 +20,8 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::ConsumerContext;
 use sluice_offsets::{
-    MissingCommitted, OffsetRange, PartitionOffsets, ReadBatch, Source, SpecificOffset,
-    StartingOffsets, TimestampFallback, TopicPartition, Watermarks,
+    BatchReader, DataLoss, MissingCommitted, OffsetRange, PartitionOffsets, RecordChunk, Source,
+    SpecificOffset, StartingOffsets, TimestampFallback, TopicPartition, Watermarks,
 };
 
 use client::{Client, Position};
@@ -58,7 +58,8 @@ impl SourceContext {
     fn global_error(error: &rdkafka::error::KafkaError, reason: &str) {
         match error {
             // The end of a partition that a finished read no longer watches.
-            rdkafka::error::KafkaError::PartitionEOF(_) => {
+            rdkafka::error::KafkaError::PartitionEOF(_)
+            | rdkafka::error::KafkaError::Global(rdkafka::types::RDKafkaErrorCode::PartitionEOF) => {
                 tracing::debug!(target: "librdkafka", "{reason}")
             }
             // librdkafka retries these itself; a read that never recovers times out.
@@ -100,6 +101,10 @@ impl KafkaSource {
         // requests for fetch.wait.max.ms (500 ms by default): after each batch,
         // when every partition is at its planned end, that was pure delay.
         client_config.set("fetch.wait.max.ms", "20");
+        // One fetch response may hold up to max.partition.fetch.bytes (1 MiB) of
+        // every partition, up to this much in all (50 MiB by default), and lives in
+        // memory until its last record is read.
+        client_config.set("fetch.max.bytes", FETCH_MAX_BYTES);
         for (key, value) in &config.client_options {
             client_config.set(key, value);
         }
@@ -119,10 +124,13 @@ impl KafkaSource {
             })?;
         Ok(KafkaSource {
             client: Arc::new(Client {
-                consumer,
+                consumer: Arc::new(consumer),
+                reader_config: client_config,
+                assignments: std::sync::atomic::AtomicU64::new(0),
                 config,
                 group_id,
                 pattern,
+                reading: std::sync::Mutex::new(reader::ReadState::default()),
             }),
         })
     }
@@ -131,6 +139,14 @@ impl KafkaSource {
     /// offsets from.
     pub fn group_id(&self) -> &str {
         &self.client.group_id
+    }
+
+    /// How many reads assigned partitions afresh instead of continuing where the
+    /// previous read ended (a replay, new partitions, tolerated data loss).
+    pub fn assignments(&self) -> u64 {
+        self.client
+            .assignments
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The configuration in force.
@@ -149,8 +165,61 @@ impl KafkaSource {
     }
 }
 
+/// What librdkafka may prefetch for a read, in KiB of records over all its
+/// partitions, unless the configuration sets `queued.max.messages.kbytes`. It
+/// prefetches up to 64 MiB per partition queue by default, and about four times
+/// that in memory for small records.
+pub const READ_QUEUE_KBYTES: usize = 2048;
+
+/// `fetch.max.bytes` unless the configuration sets another.
+const FETCH_MAX_BYTES: &str = "8388608";
+
+/// How many chunks a read may have ready before the sink takes them: enough to
+/// keep the reading thread busy while the sink works, few enough to bound memory.
+const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// The records of one batch as a [`KafkaSource`] reads them on a thread of its own.
+pub struct KafkaBatchReader {
+    events: tokio::sync::mpsc::Receiver<Result<reader::Event, KafkaSourceError>>,
+    data_loss: Vec<DataLoss>,
+    finished: bool,
+}
+
+impl BatchReader for KafkaBatchReader {
+    type Error = KafkaSourceError;
+
+    async fn next_chunk(&mut self) -> Result<Option<RecordChunk>, KafkaSourceError> {
+        if self.finished {
+            return Ok(None);
+        }
+        match self.events.recv().await {
+            Some(Ok(reader::Event::Chunk(chunk))) => Ok(Some(chunk)),
+            Some(Ok(reader::Event::Done(losses))) => {
+                self.finished = true;
+                self.data_loss = losses;
+                Ok(None)
+            }
+            Some(Err(e)) => {
+                self.finished = true;
+                Err(e)
+            }
+            None => {
+                self.finished = true;
+                Err(KafkaSourceError::Task(
+                    "the reading thread stopped before the batch was read".to_owned(),
+                ))
+            }
+        }
+    }
+
+    fn data_loss(&self) -> &[DataLoss] {
+        &self.data_loss
+    }
+}
+
 impl Source for KafkaSource {
     type Error = KafkaSourceError;
+    type Reader = KafkaBatchReader;
 
     async fn partitions(
         &mut self,
@@ -169,10 +238,30 @@ impl Source for KafkaSource {
             .await
     }
 
-    async fn read(&mut self, ranges: &[OffsetRange]) -> Result<ReadBatch, KafkaSourceError> {
+    async fn read(&mut self, ranges: &[OffsetRange]) -> Result<KafkaBatchReader, KafkaSourceError> {
         let ranges = ranges.to_vec();
-        self.blocking(move |client| reader::read(client, &ranges))
-            .await
+        let client = self.client.clone();
+        let (events, receiver) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
+        tokio::task::spawn_blocking(move || {
+            // An abandoned read may still be dropping its assignment; the next one
+            // waits for that instead of having its own assignment dropped.
+            let mut state = client
+                .reading
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let last = match reader::read(&client, &mut state, &ranges, &events) {
+                Ok(Some(losses)) => Ok(reader::Event::Done(losses)),
+                Ok(None) => return,
+                Err(e) => Err(e),
+            };
+            // The receiver may be gone already; then nobody needs the outcome.
+            let _ = events.blocking_send(last);
+        });
+        Ok(KafkaBatchReader {
+            events: receiver,
+            data_loss: Vec::new(),
+            finished: false,
+        })
     }
 
     fn is_transient(error: &KafkaSourceError) -> bool {

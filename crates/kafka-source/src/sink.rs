@@ -5,13 +5,15 @@
 //! (`sluice.query`, `sluice.batch`, `sluice.position` = `topic-partition@offset`),
 //! so that consumers can drop the duplicates a replay produces.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use sluice_offsets::{BatchId, ReadBatch, Sink};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
 
 use crate::KafkaSourceError;
 
@@ -31,6 +33,10 @@ pub struct KafkaSink {
     producer: FutureProducer,
     topic: String,
     query_id: String,
+    batch: BatchId,
+    batch_text: String,
+    /// Records produced and not yet acknowledged, oldest first.
+    deliveries: VecDeque<DeliveryFuture>,
 }
 
 impl KafkaSink {
@@ -62,28 +68,60 @@ impl KafkaSink {
             producer,
             topic: config.topic,
             query_id: query_id.to_owned(),
+            batch: BatchId::FIRST,
+            batch_text: String::new(),
+            deliveries: VecDeque::new(),
         })
+    }
+}
+
+impl KafkaSink {
+    /// Waits for the oldest delivery in flight.
+    async fn settle_oldest(&mut self) -> Result<(), KafkaSourceError> {
+        let Some(delivery) = self.deliveries.pop_front() else {
+            return Ok(());
+        };
+        let batch = self.batch;
+        match delivery.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((source, _))) => Err(KafkaSourceError::Kafka {
+                what: format!("producing batch {batch} to {}", self.topic),
+                source: Box::new(source),
+            }),
+            Err(_) => Err(KafkaSourceError::Task(format!(
+                "the producer dropped a delivery of batch {batch}"
+            ))),
+        }
     }
 }
 
 impl Sink for KafkaSink {
     type Error = KafkaSourceError;
 
-    async fn write_batch(
+    async fn begin_batch(
         &mut self,
         batch: BatchId,
-        records: &ReadBatch,
+        _ranges: &[OffsetRange],
     ) -> Result<(), KafkaSourceError> {
-        let batch_text = batch.to_string();
-        let mut deliveries = Vec::with_capacity(records.record_count());
-        for record in records.partitions.iter().flat_map(|p| &p.records) {
-            let position = format!("{}-{}@{}", record.topic, record.partition, record.offset);
-            let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 3);
-            for header in &record.headers {
-                headers = headers.insert(Header {
-                    key: &header.key,
-                    value: header.value.as_deref(),
-                });
+        // A batch begun again is produced again in full; what an abandoned attempt
+        // produced stays, as at least once allows.
+        self.deliveries.clear();
+        self.batch = batch;
+        self.batch_text = batch.to_string();
+        Ok(())
+    }
+
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), KafkaSourceError> {
+        for record in records {
+            let position = format!(
+                "{}-{}@{}",
+                record.topic(),
+                record.partition(),
+                record.offset()
+            );
+            let mut headers = OwnedHeaders::new_with_capacity(record.header_count() + 3);
+            for (key, value) in record.headers() {
+                headers = headers.insert(Header { key, value });
             }
             headers = headers
                 .insert(Header {
@@ -92,47 +130,51 @@ impl Sink for KafkaSink {
                 })
                 .insert(Header {
                     key: "sluice.batch",
-                    value: Some(batch_text.as_bytes()),
+                    value: Some(self.batch_text.as_bytes()),
                 })
                 .insert(Header {
                     key: "sluice.position",
                     value: Some(position.as_bytes()),
                 });
-            let mut out = FutureRecord::<[u8], [u8]>::to(&self.topic).headers(headers);
-            if let Some(key) = record.key.as_deref() {
+            let topic = self.topic.clone();
+            let mut out = FutureRecord::<[u8], [u8]>::to(&topic).headers(headers);
+            if let Some(key) = record.key() {
                 out = out.key(key);
             }
-            if let Some(value) = record.value.as_deref() {
+            if let Some(value) = record.value() {
                 out = out.payload(value);
             }
-            if let Some(ms) = record.timestamp_ms {
+            if let Some(ms) = record.timestamp_ms() {
                 out = out.timestamp(ms);
             }
-            match self.producer.send_result(out) {
-                Ok(delivery) => deliveries.push(delivery),
-                Err((source, _)) => {
-                    return Err(KafkaSourceError::Kafka {
-                        what: format!("producing {position} to {}", self.topic),
-                        source: Box::new(source),
-                    });
+            loop {
+                match self.producer.send_result(out) {
+                    Ok(delivery) => {
+                        self.deliveries.push_back(delivery);
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                        if !self.deliveries.is_empty() =>
+                    {
+                        // The producer's queue is full: wait for what is in flight.
+                        out = back;
+                        self.settle_oldest().await?;
+                    }
+                    Err((source, _)) => {
+                        return Err(KafkaSourceError::Kafka {
+                            what: format!("producing {position} to {}", self.topic),
+                            source: Box::new(source),
+                        });
+                    }
                 }
             }
         }
-        for delivery in deliveries {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((source, _))) => {
-                    return Err(KafkaSourceError::Kafka {
-                        what: format!("producing batch {batch} to {}", self.topic),
-                        source: Box::new(source),
-                    });
-                }
-                Err(_) => {
-                    return Err(KafkaSourceError::Task(format!(
-                        "the producer dropped a delivery of batch {batch}"
-                    )));
-                }
-            }
+        Ok(())
+    }
+
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), KafkaSourceError> {
+        while !self.deliveries.is_empty() {
+            self.settle_oldest().await?;
         }
         // Deliveries above are acknowledged; flushing keeps nothing queued at shutdown.
         let producer = self.producer.clone();

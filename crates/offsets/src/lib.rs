@@ -18,6 +18,7 @@
 //! ```
 
 mod batch;
+mod chunk;
 mod data_loss;
 mod json;
 mod partition;
@@ -28,6 +29,7 @@ mod starting;
 mod store;
 
 pub use batch::{BatchCommit, BatchId, BatchMetadata, BatchPlan, PlanError};
+pub use chunk::{Iter as RecordIter, RecordChunk, RecordParts, RecordRef};
 pub use data_loss::{
     DataLoss, DataLossDecision, Watermarks, apply_data_loss_policy, classify_batch,
     classify_data_loss, data_loss_report,
@@ -40,7 +42,9 @@ pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
 pub use recovery::{
     DEFAULT_MIN_BATCHES_TO_RETAIN, Inconsistency, Log, Recovery, decide_recovery, purge_threshold,
 };
-pub use source::{Header, PartitionRecords, ReadBatch, Record, Sink, Source, TimestampType};
+pub use source::{
+    BatchReader, Header, PartitionRecords, ReadBatch, Record, Sink, Source, TimestampType, read_all,
+};
 pub use starting::{
     MissingCommitted, SpecificOffset, StartingOffsets, StartingOffsetsError, StartingOptions,
     TimestampFallback, parse_starting_offsets,

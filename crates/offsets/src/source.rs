@@ -5,7 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::{
-    DataLoss, Offset, OffsetRange, PartitionOffsets, StartingOffsets, TopicPartition, Watermarks,
+    BatchId, DataLoss, Offset, OffsetRange, PartitionOffsets, RecordChunk, StartingOffsets,
+    TopicPartition, Watermarks,
 };
 
 /// How a record's timestamp was set.
@@ -59,7 +60,8 @@ pub struct PartitionRecords {
     pub records: Vec<Record>,
 }
 
-/// What reading a batch's ranges produced.
+/// A whole batch held in memory, as [`read_all`] collects it: for tests and
+/// small tools. The executor streams chunks instead.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReadBatch {
     /// Per planned range, in the order of the plan.
@@ -75,10 +77,49 @@ impl ReadBatch {
     }
 }
 
+/// Reads every chunk of `reader` into memory, grouped by the planned `ranges`.
+/// A record outside every range is an error of the source, reported as
+/// `Err(record)` so that the caller can name it.
+pub async fn read_all<R: BatchReader>(
+    ranges: &[OffsetRange],
+    mut reader: R,
+) -> Result<Result<ReadBatch, Box<Record>>, R::Error> {
+    let mut batch = ReadBatch {
+        partitions: ranges
+            .iter()
+            .map(|range| PartitionRecords {
+                range: range.clone(),
+                records: Vec::new(),
+            })
+            .collect(),
+        data_loss: Vec::new(),
+    };
+    while let Some(chunk) = reader.next_chunk().await? {
+        for record in chunk.iter() {
+            let owned = record.to_record();
+            let slot = batch.partitions.iter_mut().find(|p| {
+                p.range.topic_partition.partition == owned.partition
+                    && p.range.topic_partition.topic == *owned.topic
+                    && p.range.from <= owned.offset
+                    && owned.offset < p.range.until
+            });
+            match slot {
+                Some(p) => p.records.push(owned),
+                None => return Ok(Err(Box::new(owned))),
+            }
+        }
+    }
+    batch.data_loss = reader.data_loss().to_vec();
+    Ok(Ok(batch))
+}
+
 /// A partitioned log that batches are planned over and read from: Kafka.
 pub trait Source: Send {
     /// What can go wrong, naming the partitions concerned.
     type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Streams the records of one batch.
+    type Reader: BatchReader<Error = Self::Error>;
 
     /// Every partition the query reads now, with its earliest and latest offsets.
     /// Called before every batch, so that new partitions are picked up.
@@ -93,11 +134,13 @@ pub trait Source: Send {
         partitions: &BTreeMap<TopicPartition, Watermarks>,
     ) -> impl Future<Output = Result<PartitionOffsets, Self::Error>> + Send;
 
-    /// Reads exactly the records of `ranges`.
+    /// Starts reading exactly the records of `ranges`. Only one reader is live at a
+    /// time: dropping a reader before its end abandons the read, and the next call
+    /// starts afresh.
     fn read(
         &mut self,
         ranges: &[OffsetRange],
-    ) -> impl Future<Output = Result<ReadBatch, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Self::Reader, Self::Error>> + Send;
 
     /// Whether `error` may go away by itself (a broker restarting, a request
     /// timing out), so that the same call is worth trying again. Data loss and
@@ -116,23 +159,61 @@ pub trait Source: Send {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
+/// The records of one batch as they arrive, chunk by chunk, so that a batch never
+/// has to fit in memory.
+pub trait BatchReader: Send {
+    /// What can go wrong, naming the partitions concerned.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The next records, or `None` once every range has been read to its end.
+    /// Within a partition, records come in offset order and each exactly once.
+    fn next_chunk(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<RecordChunk>, Self::Error>> + Send;
+
+    /// Data loss met while reading and tolerated (`fail_on_data_loss = false`);
+    /// complete once [`BatchReader::next_chunk`] has returned `None`.
+    fn data_loss(&self) -> &[DataLoss];
+}
+
 /// Where a batch's records go: a file per batch, a table, a topic, or a user's
 /// own processing.
 ///
-/// Contract: the executor calls `write_batch` once per batch, after the batch's
-/// plan is durable and before its commit. After a crash, a batch that was planned
-/// but not committed is written again with the **same batch id, the same ranges
-/// and the same records**. A sink that replaces its output per batch id (a file
-/// named by the id, upserts keyed by topic, partition and offset) is therefore
-/// exactly once; one that appends is at least once.
+/// Contract: for each batch, after its plan is durable, the executor calls
+/// `begin_batch`, then `write` for every chunk, then `finish_batch`, and only then
+/// commits the batch. A read that fails part way and is retried begins the same
+/// batch again, and every record is written anew. After a crash, a batch that was
+/// planned but not committed is written again with the **same batch id, the same
+/// ranges and the same records**. A sink that replaces its output per batch id (a
+/// file named by the id, upserts keyed by topic, partition and offset) is
+/// therefore exactly once; one that appends is at least once.
 pub trait Sink: Send {
     /// What can go wrong.
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// Delivers one batch. Returns once the records are durable in the sink.
-    fn write_batch(
+    /// Starts `batch`, which reads `ranges`, or starts it over, dropping whatever
+    /// of it was written since the last `begin_batch`.
+    fn begin_batch(
         &mut self,
-        batch: crate::BatchId,
-        records: &ReadBatch,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = (batch, ranges);
+        async { Ok(()) }
+    }
+
+    /// Delivers the next records of the batch begun last.
+    fn write(
+        &mut self,
+        records: &RecordChunk,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Ends the batch begun last. Returns once its records are durable in the sink.
+    fn finish_batch(
+        &mut self,
+        batch: BatchId,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = batch;
+        async { Ok(()) }
+    }
 }

@@ -2,9 +2,9 @@
 
 use std::io::Write;
 
-use sluice_offsets::{BatchId, ReadBatch, Sink};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
 
-use super::{SinkError, record_json};
+use super::{SinkError, write_record_json};
 
 /// How the console sink prints.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,44 +30,55 @@ impl ConsoleSink {
     }
 }
 
+fn print(out: &[u8]) -> Result<(), SinkError> {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(out)
+        .and_then(|()| stdout.flush())
+        .map_err(|source| SinkError::Io {
+            action: "writing to",
+            path: "standard output".into(),
+            source,
+        })
+}
+
 impl Sink for ConsoleSink {
     type Error = SinkError;
 
-    async fn write_batch(&mut self, batch: BatchId, records: &ReadBatch) -> Result<(), SinkError> {
-        let mut out = Vec::new();
+    async fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> Result<(), SinkError> {
         if self.format == ConsoleFormat::Text {
-            out.extend_from_slice(
-                format!(
-                    "-------- batch {batch}: {} records --------\n",
-                    records.record_count()
-                )
-                .as_bytes(),
-            );
+            let offsets: u64 = ranges.iter().map(OffsetRange::len).sum();
+            print(
+                format!("-------- batch {batch}: up to {offsets} records --------\n").as_bytes(),
+            )?;
         }
-        for record in records.partitions.iter().flat_map(|p| &p.records) {
-            let line = match self.format {
-                ConsoleFormat::Json => record_json(record).to_string(),
-                ConsoleFormat::Text => format!(
-                    "{}-{}@{} key={} value={}",
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    text(record.key.as_deref()),
-                    text(record.value.as_deref())
+        Ok(())
+    }
+
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), SinkError> {
+        let mut out = Vec::new();
+        for record in records {
+            match self.format {
+                ConsoleFormat::Json => write_record_json(&mut out, record),
+                ConsoleFormat::Text => out.extend_from_slice(
+                    format!(
+                        "{}-{}@{} key={} value={}",
+                        record.topic(),
+                        record.partition(),
+                        record.offset(),
+                        text(record.key()),
+                        text(record.value())
+                    )
+                    .as_bytes(),
                 ),
-            };
-            out.extend_from_slice(line.as_bytes());
+            }
             out.push(b'\n');
         }
-        let mut stdout = std::io::stdout().lock();
-        stdout
-            .write_all(&out)
-            .and_then(|()| stdout.flush())
-            .map_err(|source| SinkError::Io {
-                action: "writing to",
-                path: "standard output".into(),
-                source,
-            })
+        print(&out)
     }
 }
 

@@ -1,6 +1,6 @@
 //! `discard`: a sink that keeps nothing, for measuring everything but the sink.
 
-use sluice_offsets::{BatchId, ReadBatch, Sink};
+use sluice_offsets::{RecordChunk, Sink};
 
 use super::SinkError;
 
@@ -11,11 +11,7 @@ pub struct DiscardSink;
 impl Sink for DiscardSink {
     type Error = SinkError;
 
-    async fn write_batch(
-        &mut self,
-        _batch: BatchId,
-        _records: &ReadBatch,
-    ) -> Result<(), SinkError> {
+    async fn write(&mut self, _records: &RecordChunk) -> Result<(), SinkError> {
         Ok(())
     }
 }

@@ -1,20 +1,30 @@
 //! `jsonl`: one file of JSON lines per batch, named by the batch id.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use sluice_offsets::{BatchId, ReadBatch, Sink};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
 
-use super::{SinkError, record_json};
+use super::{SinkError, write_record_json};
 
-/// Writes each batch to `<dir>/batch-<id, 20 digits>.jsonl`, one record per line in
-/// plan order, atomically: a temporary file, fsync, rename, fsync of the
-/// directory. A replayed batch has the same id and records, so it replaces its
-/// file with identical content: the directory holds every record exactly once.
-#[derive(Debug, Clone)]
+/// Writes each batch to `<dir>/batch-<id, 20 digits>.jsonl`, one record per line
+/// in the order read, atomically: records stream into a temporary file, which is
+/// fsynced and renamed into place when the batch ends, and the directory is
+/// fsynced. A replayed batch has the same id and records, so it replaces its file
+/// with the same records: the directory holds every record exactly once.
+#[derive(Debug)]
 pub struct JsonlSink {
     dir: PathBuf,
+    open: Option<Open>,
+}
+
+/// The batch being written.
+#[derive(Debug)]
+struct Open {
+    batch: BatchId,
+    temp: PathBuf,
+    file: BufWriter<File>,
 }
 
 impl JsonlSink {
@@ -26,58 +36,125 @@ impl JsonlSink {
             path: dir.clone(),
             source,
         })?;
-        Ok(JsonlSink { dir })
+        Ok(JsonlSink { dir, open: None })
     }
 
     /// The file a batch is written to.
     pub fn batch_path(&self, batch: BatchId) -> PathBuf {
         self.dir.join(format!("batch-{:020}.jsonl", batch.0))
     }
+
+    /// Runs blocking file work on tokio's blocking pool with the open batch.
+    async fn with_open<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&mut Open) -> Result<T, SinkError> + Send + 'static,
+    ) -> Result<T, SinkError> {
+        let mut open = self
+            .open
+            .take()
+            .ok_or_else(|| SinkError::Task("records arrived outside a batch".to_owned()))?;
+        let (open, result) = tokio::task::spawn_blocking(move || {
+            let result = work(&mut open);
+            (open, result)
+        })
+        .await
+        .map_err(|e| SinkError::Task(e.to_string()))?;
+        self.open = Some(open);
+        result
+    }
+}
+
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SinkError {
+    let path = path.to_owned();
+    move |source| SinkError::Io {
+        action,
+        path,
+        source,
+    }
 }
 
 impl Sink for JsonlSink {
     type Error = SinkError;
 
-    async fn write_batch(&mut self, batch: BatchId, records: &ReadBatch) -> Result<(), SinkError> {
-        let mut content = Vec::new();
-        for partition in &records.partitions {
-            for record in &partition.records {
-                content.extend_from_slice(record_json(record).to_string().as_bytes());
-                content.push(b'\n');
-            }
-        }
+    async fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        _ranges: &[OffsetRange],
+    ) -> Result<(), SinkError> {
+        let abandoned = self.open.take().map(|open| open.temp);
         let path = self.batch_path(batch);
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || write_atomically(&dir, &path, &content))
-            .await
-            .map_err(|e| SinkError::Task(e.to_string()))?
+        let open = tokio::task::spawn_blocking(move || {
+            if let Some(temp) = abandoned {
+                // A batch begun again starts from an empty file.
+                let _ = fs::remove_file(&temp);
+            }
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let temp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4()));
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&temp)
+                .map_err(io("creating", &temp))?;
+            Ok::<_, SinkError>(Open {
+                batch,
+                temp,
+                file: BufWriter::with_capacity(1 << 20, file),
+            })
+        })
+        .await
+        .map_err(|e| SinkError::Task(e.to_string()))??;
+        self.open = Some(open);
+        Ok(())
+    }
+
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), SinkError> {
+        let mut lines = Vec::with_capacity(records.byte_len() * 2 + records.len() * 120);
+        for record in records {
+            write_record_json(&mut lines, record);
+            lines.push(b'\n');
+        }
+        self.with_open(move |open| {
+            open.file
+                .write_all(&lines)
+                .map_err(io("writing", &open.temp))
+        })
+        .await
+    }
+
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), SinkError> {
+        let path = self.batch_path(batch);
+        let dir = self.dir.clone();
+        self.with_open(move |open| {
+            if open.batch != batch {
+                return Err(SinkError::Task(format!(
+                    "batch {batch} ends, but batch {} was begun",
+                    open.batch
+                )));
+            }
+            open.file
+                .flush()
+                .and_then(|()| open.file.get_ref().sync_all())
+                .map_err(io("writing", &open.temp))?;
+            fs::rename(&open.temp, &path).map_err(io("renaming into place", &path))?;
+            File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io("syncing", &dir))
+        })
+        .await?;
+        self.open = None;
+        Ok(())
     }
 }
 
-fn write_atomically(dir: &Path, path: &Path, content: &[u8]) -> Result<(), SinkError> {
-    let io = |action: &'static str, path: &Path| {
-        let path = path.to_owned();
-        move |source| SinkError::Io {
-            action,
-            path,
-            source,
+impl Drop for JsonlSink {
+    fn drop(&mut self) {
+        // A batch cut short is replayed on the next start; its partial file goes.
+        if let Some(open) = self.open.take() {
+            let _ = fs::remove_file(&open.temp);
         }
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4()));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&temp)
-        .map_err(io("creating", &temp))?;
-    file.write_all(content)
-        .and_then(|()| file.sync_all())
-        .map_err(io("writing", &temp))?;
-    fs::rename(&temp, path).map_err(io("renaming into place", path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("syncing", dir))
+    }
 }

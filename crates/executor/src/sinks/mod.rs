@@ -9,8 +9,7 @@ use std::io;
 use std::path::PathBuf;
 
 use base64::Engine as _;
-use serde_json::{Map, Value};
-use sluice_offsets::{Record, TimestampType};
+use sluice_offsets::{RecordRef, TimestampType};
 
 pub use console::{ConsoleFormat, ConsoleSink};
 pub use discard::DiscardSink;
@@ -35,55 +34,79 @@ pub enum SinkError {
     Task(String),
 }
 
-/// A record as one JSON object: `topic`, `partition`, `offset`, `timestamp`,
-/// `timestampType`, `key`, `value` and, when present, `headers`. Keys, values and
-/// header values that are not UTF-8 text are written base64-encoded under
-/// `keyBase64`, `valueBase64` and `valueBase64` instead.
-pub fn record_json(record: &Record) -> Value {
-    let mut map = Map::new();
-    map.insert("topic".into(), Value::from(record.topic.as_ref()));
-    map.insert("partition".into(), Value::from(record.partition));
-    map.insert("offset".into(), Value::from(record.offset.value()));
-    map.insert(
-        "timestamp".into(),
-        record.timestamp_ms.map_or(Value::Null, Value::from),
-    );
-    let kind = match record.timestamp_type {
+/// Appends a record to `out` as one JSON object: `headers` (when present), `key`,
+/// `offset`, `partition`, `timestamp`, `timestampType`, `topic` and `value`. Keys,
+/// values and header values that are not UTF-8 text are written base64-encoded
+/// under `keyBase64`, `valueBase64` and `valueBase64` instead.
+///
+/// The object is written straight into `out`: building a `serde_json::Value` per
+/// record cost the `jsonl` sink most of its time.
+pub fn write_record_json(out: &mut Vec<u8>, record: RecordRef<'_>) {
+    out.push(b'{');
+    if record.header_count() > 0 {
+        out.extend_from_slice(b"\"headers\":[");
+        for (i, (key, value)) in record.headers().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"key\":");
+            json_string(out, key);
+            out.push(b',');
+            put_bytes(out, "value", value);
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"],");
+    }
+    put_bytes(out, "key", record.key());
+    let timestamp = record
+        .timestamp_ms()
+        .map_or_else(|| "null".to_owned(), |ms| ms.to_string());
+    let kind = match record.timestamp_type() {
         TimestampType::NotAvailable => "NotAvailable",
         TimestampType::CreateTime => "CreateTime",
         TimestampType::LogAppendTime => "LogAppendTime",
     };
-    map.insert("timestampType".into(), Value::from(kind));
-    put_bytes(&mut map, "key", record.key.as_deref());
-    put_bytes(&mut map, "value", record.value.as_deref());
-    if !record.headers.is_empty() {
-        let headers = record
-            .headers
-            .iter()
-            .map(|h| {
-                let mut header = Map::new();
-                header.insert("key".into(), Value::from(h.key.as_str()));
-                put_bytes(&mut header, "value", h.value.as_deref());
-                Value::Object(header)
-            })
-            .collect();
-        map.insert("headers".into(), Value::Array(headers));
-    }
-    Value::Object(map)
+    out.extend_from_slice(
+        format!(
+            ",\"offset\":{},\"partition\":{},\"timestamp\":{timestamp},\"timestampType\":\"{kind}\",\"topic\":",
+            record.offset().value(),
+            record.partition(),
+        )
+        .as_bytes(),
+    );
+    json_string(out, record.topic());
+    out.push(b',');
+    put_bytes(out, "value", record.value());
+    out.push(b'}');
 }
 
-fn put_bytes(map: &mut Map<String, Value>, name: &str, bytes: Option<&[u8]>) {
+/// A record as one JSON value, in the shape [`write_record_json`] writes.
+pub fn record_json(record: RecordRef<'_>) -> serde_json::Value {
+    let mut out = Vec::new();
+    write_record_json(&mut out, record);
+    serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null)
+}
+
+fn json_string(out: &mut Vec<u8>, text: &str) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, text);
+}
+
+fn put_bytes(out: &mut Vec<u8>, name: &str, bytes: Option<&[u8]>) {
+    out.push(b'"');
+    out.extend_from_slice(name.as_bytes());
     match bytes.map(std::str::from_utf8) {
-        None => {
-            map.insert(name.into(), Value::Null);
-        }
+        None => out.extend_from_slice(b"\":null"),
         Some(Ok(text)) => {
-            map.insert(name.into(), Value::from(text));
+            out.extend_from_slice(b"\":");
+            json_string(out, text);
         }
         Some(Err(_)) => {
+            out.extend_from_slice(b"Base64\":\"");
             let encoded =
                 base64::engine::general_purpose::STANDARD.encode(bytes.unwrap_or_default());
-            map.insert(format!("{name}Base64"), Value::from(encoded));
+            out.extend_from_slice(encoded.as_bytes());
+            out.push(b'"');
         }
     }
 }
@@ -92,7 +115,7 @@ fn put_bytes(map: &mut Map<String, Value>, name: &str, bytes: Option<&[u8]>) {
 mod tests {
     use std::sync::Arc;
 
-    use sluice_offsets::{Header, Offset};
+    use sluice_offsets::{Header, Offset, Record};
 
     use super::*;
 
@@ -111,8 +134,12 @@ mod tests {
                 value: None,
             }],
         };
+        let mut chunk = sluice_offsets::RecordChunk::default();
+        chunk.push_record(&record);
+        let mut out = Vec::new();
+        write_record_json(&mut out, chunk.iter().next().unwrap());
         assert_eq!(
-            record_json(&record).to_string(),
+            String::from_utf8(out).unwrap(),
             r#"{"headers":[{"key":"trace","value":null}],"key":"user-1","offset":42,"partition":3,"timestamp":1700000000000,"timestampType":"CreateTime","topic":"events","valueBase64":"/wA="}"#
         );
     }

@@ -1,0 +1,378 @@
+//! Records in chunks: the unit a source hands to a sink while a batch streams.
+//!
+//! A batch can be far larger than memory, so it is never held whole. A chunk keeps
+//! the keys, values and headers of its records in one byte buffer, so that reading
+//! a record costs one copy and no allocation of its own.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::{Header, Offset, Record, TimestampType};
+
+/// Where a key, value or header lies in a chunk's buffer; `None` for null.
+type Span = Option<Range<usize>>;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    topic: usize,
+    partition: i32,
+    offset: Offset,
+    timestamp_ms: Option<i64>,
+    timestamp_type: TimestampType,
+    key: Span,
+    value: Span,
+    headers: Range<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct HeaderEntry {
+    key: Range<usize>,
+    value: Span,
+}
+
+/// A run of records, in the order they were read. Records of different partitions
+/// may interleave; within a partition they are in offset order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordChunk {
+    topics: Vec<Arc<str>>,
+    entries: Vec<Entry>,
+    headers: Vec<HeaderEntry>,
+    data: Vec<u8>,
+}
+
+/// What [`RecordChunk::push`] copies into a chunk: one record, borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordParts<'a> {
+    /// The record's partition.
+    pub partition: i32,
+    /// The record's offset.
+    pub offset: Offset,
+    /// Epoch milliseconds, when the record has a timestamp.
+    pub timestamp_ms: Option<i64>,
+    /// How the timestamp was set.
+    pub timestamp_type: TimestampType,
+    /// The key; `None` for a null key.
+    pub key: Option<&'a [u8]>,
+    /// The value; `None` for a null value.
+    pub value: Option<&'a [u8]>,
+}
+
+impl RecordChunk {
+    /// An empty chunk with room for about `records` records of `bytes` bytes in all.
+    pub fn with_capacity(records: usize, bytes: usize) -> RecordChunk {
+        RecordChunk {
+            topics: Vec::new(),
+            entries: Vec::with_capacity(records),
+            headers: Vec::new(),
+            data: Vec::with_capacity(bytes),
+        }
+    }
+
+    /// Copies a record of `topic` into the chunk, with `headers` as (name, value)
+    /// pairs.
+    pub fn push<'h>(
+        &mut self,
+        topic: &Arc<str>,
+        record: RecordParts<'_>,
+        headers: impl IntoIterator<Item = (&'h str, Option<&'h [u8]>)>,
+    ) {
+        let topic = self.topic_index(topic);
+        let key = self.copy(record.key);
+        let value = self.copy(record.value);
+        let first_header = self.headers.len();
+        for (name, header_value) in headers {
+            let start = self.data.len();
+            self.data.extend_from_slice(name.as_bytes());
+            let key = start..self.data.len();
+            let value = self.copy(header_value);
+            self.headers.push(HeaderEntry { key, value });
+        }
+        self.entries.push(Entry {
+            topic,
+            partition: record.partition,
+            offset: record.offset,
+            timestamp_ms: record.timestamp_ms,
+            timestamp_type: record.timestamp_type,
+            key,
+            value,
+            headers: first_header..self.headers.len(),
+        });
+    }
+
+    /// Copies a record of another chunk into this one.
+    pub fn push_ref(&mut self, record: RecordRef<'_>) {
+        self.push(
+            record.topic_arc(),
+            RecordParts {
+                partition: record.partition(),
+                offset: record.offset(),
+                timestamp_ms: record.timestamp_ms(),
+                timestamp_type: record.timestamp_type(),
+                key: record.key(),
+                value: record.value(),
+            },
+            record.headers(),
+        );
+    }
+
+    /// Copies an owned record into the chunk.
+    pub fn push_record(&mut self, record: &Record) {
+        self.push(
+            &record.topic,
+            RecordParts {
+                partition: record.partition,
+                offset: record.offset,
+                timestamp_ms: record.timestamp_ms,
+                timestamp_type: record.timestamp_type,
+                key: record.key.as_deref(),
+                value: record.value.as_deref(),
+            },
+            record
+                .headers
+                .iter()
+                .map(|h| (h.key.as_str(), h.value.as_deref())),
+        );
+    }
+
+    fn topic_index(&mut self, topic: &Arc<str>) -> usize {
+        // Chunks hold one or a few topics, and mostly records of the one pushed last.
+        if let Some(last) = self.topics.len().checked_sub(1)
+            && (Arc::ptr_eq(&self.topics[last], topic) || self.topics[last] == *topic)
+        {
+            return last;
+        }
+        match self.topics.iter().position(|t| t == topic) {
+            Some(i) => i,
+            None => {
+                self.topics.push(topic.clone());
+                self.topics.len() - 1
+            }
+        }
+    }
+
+    fn copy(&mut self, bytes: Option<&[u8]>) -> Span {
+        bytes.map(|b| {
+            let start = self.data.len();
+            self.data.extend_from_slice(b);
+            start..self.data.len()
+        })
+    }
+
+    /// How many records the chunk holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the chunk holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The bytes of keys, values and headers the chunk holds.
+    pub fn byte_len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The records, in the order they were pushed.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter {
+            chunk: self,
+            entries: self.entries.iter(),
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a RecordChunk {
+    type Item = RecordRef<'a>;
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+/// The records of a [`RecordChunk`], in order.
+#[derive(Clone, Debug)]
+pub struct Iter<'a> {
+    chunk: &'a RecordChunk,
+    entries: std::slice::Iter<'a, Entry>,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = RecordRef<'a>;
+
+    fn next(&mut self) -> Option<RecordRef<'a>> {
+        let entry = self.entries.next()?;
+        Some(RecordRef {
+            chunk: self.chunk,
+            entry,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.entries.size_hint()
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+/// One record of a [`RecordChunk`], borrowed from it.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordRef<'a> {
+    chunk: &'a RecordChunk,
+    entry: &'a Entry,
+}
+
+impl<'a> RecordRef<'a> {
+    /// The record's topic.
+    pub fn topic(&self) -> &'a str {
+        &self.chunk.topics[self.entry.topic]
+    }
+
+    /// The record's topic, shared.
+    pub fn topic_arc(&self) -> &'a Arc<str> {
+        &self.chunk.topics[self.entry.topic]
+    }
+
+    /// The record's partition.
+    pub fn partition(&self) -> i32 {
+        self.entry.partition
+    }
+
+    /// The record's offset.
+    pub fn offset(&self) -> Offset {
+        self.entry.offset
+    }
+
+    /// Epoch milliseconds, when the record has a timestamp.
+    pub fn timestamp_ms(&self) -> Option<i64> {
+        self.entry.timestamp_ms
+    }
+
+    /// How the timestamp was set.
+    pub fn timestamp_type(&self) -> TimestampType {
+        self.entry.timestamp_type
+    }
+
+    /// The key; `None` for a null key.
+    pub fn key(&self) -> Option<&'a [u8]> {
+        self.bytes(&self.entry.key)
+    }
+
+    /// The value; `None` for a null value (a tombstone).
+    pub fn value(&self) -> Option<&'a [u8]> {
+        self.bytes(&self.entry.value)
+    }
+
+    /// How many headers the record has.
+    pub fn header_count(&self) -> usize {
+        self.entry.headers.len()
+    }
+
+    /// The headers as (name, value) pairs, in their order on the record.
+    pub fn headers(&self) -> impl ExactSizeIterator<Item = (&'a str, Option<&'a [u8]>)> + 'a {
+        let chunk = self.chunk;
+        chunk.headers[self.entry.headers.clone()]
+            .iter()
+            .map(move |h| {
+                // Names were copied from `&str`, so they are always UTF-8.
+                let name = std::str::from_utf8(&chunk.data[h.key.clone()]).unwrap_or_default();
+                (name, h.value.clone().map(|v| &chunk.data[v]))
+            })
+    }
+
+    fn bytes(&self, span: &Span) -> Option<&'a [u8]> {
+        let data: &'a [u8] = &self.chunk.data;
+        span.clone().map(|range| &data[range])
+    }
+
+    /// The record as an owned [`Record`].
+    pub fn to_record(&self) -> Record {
+        Record {
+            topic: self.topic_arc().clone(),
+            partition: self.partition(),
+            offset: self.offset(),
+            timestamp_ms: self.timestamp_ms(),
+            timestamp_type: self.timestamp_type(),
+            key: self.key().map(<[u8]>::to_vec),
+            value: self.value().map(<[u8]>::to_vec),
+            headers: self
+                .headers()
+                .map(|(key, value)| Header {
+                    key: key.to_owned(),
+                    value: value.map(<[u8]>::to_vec),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(topic: &str, partition: i32, offset: i64, value: Option<&str>) -> Record {
+        Record {
+            topic: Arc::from(topic),
+            partition,
+            offset: Offset::new(offset).unwrap(),
+            timestamp_ms: Some(offset * 10),
+            timestamp_type: TimestampType::CreateTime,
+            key: (offset % 2 == 0).then(|| format!("k{offset}").into_bytes()),
+            value: value.map(|v| v.as_bytes().to_vec()),
+            headers: if offset == 3 {
+                vec![
+                    Header {
+                        key: "trace".into(),
+                        value: Some(b"abc".to_vec()),
+                    },
+                    Header {
+                        key: "empty".into(),
+                        value: None,
+                    },
+                ]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    #[test]
+    fn records_come_back_as_they_were_pushed() {
+        let records = vec![
+            record("a", 0, 0, Some("zero")),
+            record("b", 1, 1, None),
+            record("a", 0, 2, Some("")),
+            record("a", 2, 3, Some("three")),
+            record("c", 0, 4, Some("four")),
+        ];
+        let mut chunk = RecordChunk::default();
+        for r in &records {
+            chunk.push_record(r);
+        }
+        assert_eq!(chunk.len(), 5);
+        assert_eq!(chunk.iter().len(), 5);
+        let back: Vec<Record> = chunk.iter().map(|r| r.to_record()).collect();
+        assert_eq!(back, records);
+        let mut copy = RecordChunk::default();
+        chunk.iter().for_each(|r| copy.push_ref(r));
+        assert_eq!(copy, chunk);
+        assert_eq!(chunk.topics.len(), 3, "each topic is stored once");
+        let third = chunk.iter().nth(3).unwrap();
+        assert_eq!(third.header_count(), 2);
+        assert_eq!(
+            third.headers().collect::<Vec<_>>(),
+            vec![("trace", Some(&b"abc"[..])), ("empty", None)]
+        );
+    }
+
+    #[test]
+    fn null_and_empty_values_differ() {
+        let mut chunk = RecordChunk::with_capacity(2, 16);
+        chunk.push_record(&record("a", 0, 1, None));
+        chunk.push_record(&record("a", 0, 3, Some("")));
+        let values: Vec<_> = chunk.iter().map(|r| r.value()).collect();
+        assert_eq!(values, vec![None, Some(&b""[..])]);
+        assert_eq!(chunk.byte_len(), "traceabcempty".len());
+    }
+}
