@@ -28,13 +28,17 @@ pub struct QueryProgress {
     pub processed_rows_per_second: f64,
     /// Milliseconds spent in each phase.
     pub duration_ms: DurationMs,
+    /// The same phases in microseconds, for latencies well under a millisecond
+    /// (an fsync on a fast disk); not in Spark's reports.
+    pub duration_micros: DurationMs,
     /// The one source.
     pub sources: Vec<SourceProgress>,
     /// The sink.
     pub sink: SinkProgress,
 }
 
-/// Milliseconds per phase of a batch, named as Spark names them.
+/// Time per phase of a batch, named as Spark names them: milliseconds in
+/// `durationMs`, microseconds in `durationMicros`.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct DurationMs {
@@ -50,6 +54,20 @@ pub struct DurationMs {
     pub commit_offsets: u64,
     /// The whole trigger.
     pub trigger_execution: u64,
+}
+
+impl DurationMs {
+    /// These durations, taken as microseconds, in whole milliseconds.
+    pub fn to_millis(&self) -> DurationMs {
+        DurationMs {
+            latest_offset: self.latest_offset / 1000,
+            wal_commit: self.wal_commit / 1000,
+            get_batch: self.get_batch / 1000,
+            add_batch: self.add_batch / 1000,
+            commit_offsets: self.commit_offsets / 1000,
+            trigger_execution: self.trigger_execution / 1000,
+        }
+    }
 }
 
 /// The source's part of a progress report.

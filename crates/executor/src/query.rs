@@ -146,6 +146,7 @@ struct Planned {
     replay: bool,
     latest: PartitionOffsets,
     losses: Vec<DataLoss>,
+    /// In microseconds until the progress report converts them.
     durations: DurationMs,
     trigger_start: Instant,
     timestamp: SystemTime,
@@ -313,7 +314,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
                 .iter()
                 .map(|(tp, f)| reachable.get(tp).map_or(0, |r| f.distance_to(*r)))
                 .sum();
-            let latest_offset_ms = millis(trigger_start.elapsed());
+            let latest_offset_us = micros(trigger_start.elapsed());
 
             let since_last = millis(last_batch_at.elapsed());
             if available == 0
@@ -347,7 +348,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
                 latest,
                 losses,
                 durations: DurationMs {
-                    latest_offset: latest_offset_ms,
+                    latest_offset: latest_offset_us,
                     ..DurationMs::default()
                 },
                 trigger_start,
@@ -392,12 +393,12 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
                     ExecutorError::Store
                 )?;
             }
-            planned.durations.wal_commit = millis(t.elapsed());
+            planned.durations.wal_commit = micros(t.elapsed());
 
             let t = Instant::now();
             let (rows, losses) = self.stream(&planned.plan, &mut planned.durations).await?;
             planned.durations.add_batch =
-                millis(t.elapsed()).saturating_sub(planned.durations.get_batch);
+                micros(t.elapsed()).saturating_sub(planned.durations.get_batch);
             planned.losses.extend(losses);
 
             let t = Instant::now();
@@ -426,14 +427,14 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
                     ExecutorError::Store
                 )?;
             }
-            planned.durations.commit_offsets = millis(t.elapsed());
-            planned.durations.trigger_execution = millis(planned.trigger_start.elapsed());
+            planned.durations.commit_offsets = micros(t.elapsed());
+            planned.durations.trigger_execution = micros(planned.trigger_start.elapsed());
 
             let progress = self.progress(&planned, rows, &end);
             tracing::info!(
                 batch = batch.0,
                 rows,
-                duration_ms = planned.durations.trigger_execution,
+                duration_ms = planned.durations.trigger_execution / 1000,
                 "{}",
                 progress.to_json()
             );
@@ -477,7 +478,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
                 Src::is_transient,
                 ExecutorError::Source
             )?;
-            durations.get_batch = millis(t.elapsed());
+            durations.get_batch = micros(t.elapsed());
             let mut rows = 0_u64;
             let failure = loop {
                 match reader.next_chunk().await {
@@ -528,7 +529,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
     }
 
     fn progress(&mut self, planned: &Planned, rows: u64, end: &PartitionOffsets) -> QueryProgress {
-        let execution = planned.durations.trigger_execution.max(1) as f64 / 1000.0;
+        let execution = planned.durations.trigger_execution.max(1) as f64 / 1_000_000.0;
         let since_last = self
             .last_trigger
             .map(|t| planned.trigger_start.duration_since(t).as_secs_f64())
@@ -545,7 +546,8 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             num_input_rows: rows,
             input_rows_per_second: input_rate,
             processed_rows_per_second: processed_rate,
-            duration_ms: planned.durations.clone(),
+            duration_ms: planned.durations.to_millis(),
+            duration_micros: planned.durations.clone(),
             sources: vec![SourceProgress {
                 description: self.options.source_description.clone(),
                 start_offset: offsets_value(&planned.plan.start_offsets()),
@@ -621,6 +623,10 @@ async fn wait_for_next_trigger(
             }
         }
     }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn millis(d: Duration) -> u64 {

@@ -582,6 +582,12 @@ async fn progress_has_sparks_fields() {
             json["durationMs"].get(field).is_some(),
             "missing durationMs.{field}"
         );
+        let micros = json["durationMicros"][field].as_u64().unwrap();
+        assert_eq!(
+            json["durationMs"][field].as_u64().unwrap(),
+            micros / 1000,
+            "durationMicros.{field} is durationMs.{field} in finer units"
+        );
     }
     let source = &json["sources"][0];
     assert_eq!(
