@@ -206,7 +206,13 @@ async fn picks_up_new_partitions_and_matching_topics_from_offset_zero() {
 async fn starts_by_timestamp_specific_offsets_and_committed_group_offsets() {
     let topic = sluice_tests::unique_name("start");
     create_topic(&topic, 2).await;
-    let base = 1_700_000_000_000_i64;
+    // An hour ago: records older than the topic's retention (7 days) may be
+    // deleted by the broker's retention check while the test runs.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let base = now_ms - 3_600_000;
     let records: Vec<Out> = (0..2)
         .flat_map(|partition| {
             (0..10).map(move |i| Out {
