@@ -558,7 +558,11 @@ async fn the_kafka_sink_produces_every_record_with_position_headers() {
     let config = job.config("");
     let text = std::fs::read_to_string(&config).unwrap();
     let jsonl = format!("type = \"jsonl\"\npath = \"{}\"", job.out().display());
-    let kafka = format!("type = \"kafka\"\ntopic = \"{out_topic}\"");
+    // A producer queue of 10 records makes every batch (up to 700 records) fill
+    // it, so the sink must wait for deliveries and go on.
+    let kafka = format!(
+        "type = \"kafka\"\ntopic = \"{out_topic}\"\n[sink.kafka]\n\"queue.buffering.max.messages\" = \"10\""
+    );
     assert!(text.contains(&jsonl));
     std::fs::write(&config, text.replace(&jsonl, &kafka)).unwrap();
     let output = run(&["run", "--config", config.to_str().unwrap()]);

@@ -1,7 +1,7 @@
 //! `jsonl`: one file of JSON lines per batch, named by the batch id.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
@@ -19,12 +19,15 @@ pub struct JsonlSink {
     open: Option<Open>,
 }
 
-/// The batch being written.
+/// The batch being written. The JSON lines of one chunk are written in one
+/// call, so the file needs no buffer of its own, and `lines` is reused from chunk
+/// to chunk.
 #[derive(Debug)]
 struct Open {
     batch: BatchId,
     temp: PathBuf,
-    file: BufWriter<File>,
+    file: File,
+    lines: Vec<u8>,
 }
 
 impl JsonlSink {
@@ -102,7 +105,8 @@ impl Sink for JsonlSink {
             Ok::<_, SinkError>(Open {
                 batch,
                 temp,
-                file: BufWriter::with_capacity(1 << 20, file),
+                file,
+                lines: Vec::new(),
             })
         })
         .await
@@ -112,14 +116,18 @@ impl Sink for JsonlSink {
     }
 
     async fn write(&mut self, records: &RecordChunk) -> Result<(), SinkError> {
-        let mut lines = Vec::with_capacity(records.byte_len() * 2 + records.len() * 120);
+        let open = self
+            .open
+            .as_mut()
+            .ok_or_else(|| SinkError::Task("records arrived outside a batch".to_owned()))?;
+        open.lines.clear();
         for record in records {
-            write_record_json(&mut lines, record);
-            lines.push(b'\n');
+            write_record_json(&mut open.lines, record);
+            open.lines.push(b'\n');
         }
         self.with_open(move |open| {
             open.file
-                .write_all(&lines)
+                .write_all(&open.lines)
                 .map_err(io("writing", &open.temp))
         })
         .await
@@ -135,10 +143,7 @@ impl Sink for JsonlSink {
                     open.batch
                 )));
             }
-            open.file
-                .flush()
-                .and_then(|()| open.file.get_ref().sync_all())
-                .map_err(io("writing", &open.temp))?;
+            open.file.sync_all().map_err(io("writing", &open.temp))?;
             fs::rename(&open.temp, &path).map_err(io("renaming into place", &path))?;
             File::open(&dir)
                 .and_then(|d| d.sync_all())
