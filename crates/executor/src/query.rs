@@ -7,7 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use sluice_offsets::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss, DataLossDecision,
     MinOffsetsPerTrigger, OffsetStore, PartitionOffsets, Recovery, Sink, Source, StartingOffsets,
-    apply_data_loss_policy, classify_batch, purge_threshold, rate_limit, should_run_batch,
+    TopicPartition, Watermarks, apply_data_loss_policy, classify_batch, purge_threshold,
+    rate_limit, should_run_batch,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -241,6 +242,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
         };
 
         let mut available_now_target: Option<PartitionOffsets> = None;
+        let mut available_now_partitions: Option<BTreeMap<TopicPartition, Watermarks>> = None;
         let mut last_batch_at = Instant::now();
         loop {
             if *stop.borrow() {
@@ -250,13 +252,22 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             let timestamp = SystemTime::now();
 
             let retry = self.options.retry;
-            let partitions: BTreeMap<_, _> = retrying!(
-                retry,
-                "discovering partitions",
-                self.source.partitions(),
-                Src::is_transient,
-                ExecutorError::Source
-            )?;
+            // As in Spark, `available_now` reads what was there when it started: the
+            // partitions and their ends are looked up once, not before every batch.
+            // Offsets purged since then still surface as data loss while reading.
+            let partitions: BTreeMap<_, _> = match &available_now_partitions {
+                Some(partitions) => partitions.clone(),
+                None => retrying!(
+                    retry,
+                    "discovering partitions",
+                    self.source.partitions(),
+                    Src::is_transient,
+                    ExecutorError::Source
+                )?,
+            };
+            if self.options.trigger == Trigger::AvailableNow && available_now_partitions.is_none() {
+                available_now_partitions = Some(partitions.clone());
+            }
             let mut from = match start.take() {
                 Some(from) => from,
                 None => retrying!(

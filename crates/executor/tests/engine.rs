@@ -342,6 +342,11 @@ async fn available_now_reads_everything_in_rate_limited_batches_then_stops() {
     );
     assert!(progress.iter().all(|p| p.num_input_rows <= 40));
     assert_eq!(store.commits.lock().unwrap().len(), 5);
+    assert_eq!(
+        *source.calls.lock().unwrap(),
+        1,
+        "as in Spark, the partitions and their ends are looked up once per run"
+    );
 
     // Nothing new: a second run plans nothing.
     let mut again = Query::new(
