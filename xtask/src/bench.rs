@@ -100,6 +100,10 @@ struct Run {
     records_per_second: f64,
     /// Over the batches alone (their `triggerExecution`), startup excluded.
     batch_records_per_second: f64,
+    /// `records_per_second` over the paired baseline run's.
+    ratio: f64,
+    /// `batch_records_per_second` over the paired baseline run's read alone.
+    batch_ratio: f64,
     wal_commit_ms: Vec<f64>,
     commit_offsets_ms: Vec<f64>,
     peak_rss_kib: u64,
@@ -144,50 +148,10 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
 
     let work = root.join("target").join("bench");
     fs::create_dir_all(&work)?;
+    // The machine is noisy and its speed drifts over a run, so every run of a
+    // configuration is paired with a baseline run just before it, and ratios are
+    // taken within each pair.
     let mut baseline = Vec::new();
-    for run in 0..args.runs {
-        // Timed like `sluice run` below: the whole process, start to exit.
-        let started = Instant::now();
-        let mut child = Command::new(&tool)
-            .args(["consume", bootstrap, &topic])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let peak_rss_kib = watch_peak_rss(&mut child)?;
-        let output = child.wait_with_output()?;
-        let wall = started.elapsed().as_secs_f64();
-        if !output.status.success() {
-            bail!(
-                "the baseline consumer failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        let figures: Value = serde_json::from_slice(&output.stdout)?;
-        let reading = figures["seconds"].as_f64().unwrap_or(f64::NAN);
-        let records = figures["records"].as_f64().unwrap_or(0.0);
-        let bytes = figures["bytes"].as_f64().unwrap_or(0.0);
-        println!(
-            "baseline run {run}: {:.0} records/s over the process, {:.0} records/s reading, {:.1} MB/s, peak RSS {} MiB",
-            records / wall,
-            records / reading,
-            bytes / reading / 1e6,
-            peak_rss_kib / 1024
-        );
-        baseline.push(Baseline {
-            records_per_second: records / wall,
-            reading_records_per_second: records / reading,
-            megabytes_per_second: bytes / reading / 1e6,
-            peak_rss_kib,
-        });
-    }
-    let baseline_median = median(baseline.iter().map(|b| b.records_per_second).collect());
-    let baseline_reading = median(
-        baseline
-            .iter()
-            .map(|b| b.reading_records_per_second)
-            .collect(),
-    );
-
     let mut results = Vec::new();
     for configuration in configurations() {
         let mut runs = Vec::new();
@@ -200,23 +164,24 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
                 fs::remove_dir_all(&dir)?;
             }
             fs::create_dir_all(&dir)?;
-            let measured = run_once(&sluice, &dir, &configuration, &topic, bootstrap)?;
+            let base = measure_baseline(&tool, bootstrap, &topic)?;
+            let mut measured = run_once(&sluice, &dir, &configuration, &topic, bootstrap)?;
+            measured.ratio = measured.records_per_second / base.records_per_second;
+            measured.batch_ratio =
+                measured.batch_records_per_second / base.reading_records_per_second;
             println!(
-                "{} run {run}: {:.0} records/s (x{:.2} of the baseline), peak RSS {} MiB, restart {:.0} ms",
+                "{} run {run}: {:.0} records/s (x{:.2} of the baseline's {:.0} just before), peak RSS {} MiB, restart {:.0} ms",
                 configuration.name,
                 measured.records_per_second,
-                measured.records_per_second / baseline_median,
+                measured.ratio,
+                base.records_per_second,
                 measured.peak_rss_kib / 1024,
                 measured.restart_ms
             );
+            baseline.push(base);
             runs.push(measured);
         }
-        results.push(summarise(
-            &configuration,
-            runs,
-            baseline_median,
-            baseline_reading,
-        ));
+        results.push(summarise(&configuration, runs));
     }
 
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -386,6 +351,8 @@ fn run_once(
     Ok(Run {
         records_per_second: records / seconds,
         batch_records_per_second: records / batch_seconds,
+        ratio: f64::NAN,
+        batch_ratio: f64::NAN,
         wal_commit_ms: durations("walCommit"),
         commit_offsets_ms: durations("commitOffsets"),
         peak_rss_kib,
@@ -410,6 +377,36 @@ fn uuid_like() -> String {
             .map(|d| d.as_nanos())
             .unwrap_or_default()
     )
+}
+
+/// One run of the baseline consumer, timed like `sluice run`: the whole
+/// process, start to exit.
+fn measure_baseline(tool: &Path, bootstrap: &str, topic: &str) -> Result<Baseline> {
+    let started = Instant::now();
+    let mut child = Command::new(tool)
+        .args(["consume", bootstrap, topic])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let peak_rss_kib = watch_peak_rss(&mut child)?;
+    let output = child.wait_with_output()?;
+    let wall = started.elapsed().as_secs_f64();
+    if !output.status.success() {
+        bail!(
+            "the baseline consumer failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let figures: Value = serde_json::from_slice(&output.stdout)?;
+    let reading = figures["seconds"].as_f64().unwrap_or(f64::NAN);
+    let records = figures["records"].as_f64().unwrap_or(0.0);
+    let bytes = figures["bytes"].as_f64().unwrap_or(0.0);
+    Ok(Baseline {
+        records_per_second: records / wall,
+        reading_records_per_second: records / reading,
+        megabytes_per_second: bytes / reading / 1e6,
+        peak_rss_kib,
+    })
 }
 
 /// Samples the peak RSS of `child` until it exits; returns the highest, in KiB.
@@ -454,12 +451,7 @@ fn stats(values: Vec<f64>) -> Value {
     json!({"median": median(values), "min": min, "max": max})
 }
 
-fn summarise(
-    configuration: &Configuration,
-    runs: Vec<Run>,
-    baseline: f64,
-    baseline_reading: f64,
-) -> Value {
+fn summarise(configuration: &Configuration, runs: Vec<Run>) -> Value {
     let rates: Vec<f64> = runs.iter().map(|r| r.records_per_second).collect();
     let batch_rates: Vec<f64> = runs.iter().map(|r| r.batch_records_per_second).collect();
     let wal: Vec<f64> = runs.iter().flat_map(|r| r.wal_commit_ms.clone()).collect();
@@ -470,9 +462,9 @@ fn summarise(
     json!({
         "name": configuration.name,
         "records_per_second": stats(rates.clone()),
-        "ratio_to_baseline": median(rates) / baseline,
+        "ratio_to_baseline": median(runs.iter().map(|r| r.ratio).collect()),
         "batch_records_per_second": stats(batch_rates.clone()),
-        "batch_ratio_to_baseline_reading": median(batch_rates) / baseline_reading,
+        "batch_ratio_to_baseline_reading": median(runs.iter().map(|r| r.batch_ratio).collect()),
         "wal_commit_ms": {"p50": percentile(wal.clone(), 0.5), "p99": percentile(wal, 0.99)},
         "commit_offsets_ms": {"p50": percentile(commit.clone(), 0.5), "p99": percentile(commit, 0.99)},
         "peak_rss_mib": stats(runs.iter().map(|r| r.peak_rss_kib as f64 / 1024.0).collect()),
@@ -486,9 +478,11 @@ fn write_markdown(path: &PathBuf, report: &Value) -> Result<()> {
     let base = &report["baseline"];
     let mut table = format!(
         "Measured with `{}` on a machine with {} cores, against topic `{}`.\n\n\
-         Baseline, a plain rdkafka consumer reading every partition to its end: {:.0} records/s \
-         over the whole process (min {:.0}, max {:.0}); {:.0} records/s and {:.1} MB/s while \
-         reading; peak RSS {:.0} MiB.\n\n\
+         Baseline, a plain rdkafka consumer reading every partition to its end, run once before \
+         every run of a configuration: {:.0} records/s over the whole process (min {:.0}, max \
+         {:.0}); {:.0} records/s and {:.1} MB/s while reading; peak RSS {:.0} MiB. Each ratio is \
+         the median, over a configuration's runs, of its rate over the rate of the baseline run \
+         just before it.\n\n\
          | configuration | records/s, whole process (median, min–max) | ratio to baseline | records/s in batches | ratio to baseline reading | walCommit p50/p99 ms | commitOffsets p50/p99 ms | peak RSS MiB | restart to first commit ms |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         report["command"].as_str().unwrap_or_default(),
