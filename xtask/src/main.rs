@@ -3,8 +3,8 @@
 //! - `up`, `down`, `status`: the dev environment, a real Kafka broker and a real
 //!   Cassandra node on loopback (see `devenv`).
 //! - `test [ARGS]`: `up`, `cargo test --workspace ARGS`, then stop what `up` started.
-//! - `ci`: the same, with `cargo fmt --check` and clippy before the tests and
-//!   `spark-compat` after them.
+//! - `ci`: the same, with `cargo fmt --check`, clippy and `cargo doc` (warnings
+//!   denied) before the tests and `spark-compat` after them.
 //! - `spark-compat`: fetch Spark's jars and run the tests in which Spark's own
 //!   checkpoint classes read and write checkpoints beside Sluice.
 //! - `demo [--seconds N]`: the main job end to end: `up`, a producer of sample
@@ -34,7 +34,7 @@ Tasks:
   down [SERVER] stop the servers that `up` started, or only the one named
   status        show which servers run, their memory, and whether they answer
   test [ARGS]   up, cargo test --workspace [ARGS], then stop what up started
-  ci            up, cargo fmt --check, cargo clippy -D warnings, cargo test, spark-compat,
+  ci            up, cargo fmt --check, cargo clippy -D warnings, cargo doc, cargo test, spark-compat,
                 then stop what up started
   demo [--seconds N]
                 up, keep producing sample orders to demo-orders, and run sluice on
@@ -84,6 +84,7 @@ fn run(args: &[String]) -> Result<()> {
                     "warnings",
                 ],
             )?;
+            cargo_doc(&root)?;
             cargo_test(&root, rest)?;
             spark_compat(&root)
         }),
@@ -237,6 +238,24 @@ fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {
         ],
     );
     all.and(outage)
+}
+
+/// `cargo doc` for our crates, with every rustdoc warning (a broken link, an
+/// unclosed tag in a doc comment) an error.
+fn cargo_doc(root: &Path) -> Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let args = ["doc", "--no-deps", "--workspace", "-q"];
+    println!("$ RUSTDOCFLAGS=\"-D warnings\" cargo {}", args.join(" "));
+    let status = Command::new(cargo)
+        .args(args)
+        .env("RUSTDOCFLAGS", "-D warnings")
+        .current_dir(root)
+        .status()
+        .context("running cargo doc")?;
+    if !status.success() {
+        bail!("`cargo doc` found problems in doc comments ({status})");
+    }
+    Ok(())
 }
 
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {

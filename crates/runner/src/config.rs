@@ -201,7 +201,7 @@ pub struct SinkSection {
     /// The table of a `cassandra` sink.
     pub table: Option<String>,
     /// A `cassandra` sink's columns: column = "topic" | "partition" | "offset" |
-    /// "timestamp" | "key" | "value" | "value.<json path>".
+    /// "timestamp" | "key" | "value" | `"value.<json path>"`.
     #[serde(default)]
     pub columns: BTreeMap<String, String>,
     /// A `cassandra` sink's authentication and TLS.

@@ -61,7 +61,7 @@ pub enum OffsetsCommand {
         /// The query's store: a checkpoint directory or a cassandra:// location.
         #[arg(long)]
         checkpoint: String,
-        /// Contact points of the Cassandra cluster holding the table, host:port[,host:port].
+        /// Contact points of the Cassandra cluster holding the table, `host:port[,host:port]`.
         #[arg(long)]
         cassandra_nodes: String,
         /// The table, as keyspace.table.
