@@ -243,26 +243,24 @@ fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {
 /// `cargo doc` for our crates, with every rustdoc warning (a broken link, an
 /// unclosed tag in a doc comment) an error.
 fn cargo_doc(root: &Path) -> Result<()> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let args = ["doc", "--no-deps", "--workspace", "-q"];
-    println!("$ RUSTDOCFLAGS=\"-D warnings\" cargo {}", args.join(" "));
-    let status = Command::new(cargo)
-        .args(args)
-        .env("RUSTDOCFLAGS", "-D warnings")
-        .current_dir(root)
-        .status()
-        .context("running cargo doc")?;
-    if !status.success() {
-        bail!("`cargo doc` found problems in doc comments ({status})");
-    }
-    Ok(())
+    cargo_with_env(
+        root,
+        &["doc", "--no-deps", "--workspace", "-q"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )
 }
 
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    cargo_with_env(root, args, &[])
+}
+
+fn cargo_with_env(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    println!("$ cargo {}", args.join(" "));
+    let shown: String = env.iter().map(|(k, v)| format!("{k}=\"{v}\" ")).collect();
+    println!("$ {shown}cargo {}", args.join(" "));
     let status = Command::new(cargo)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(root)
         .status()
         .with_context(|| format!("running cargo {}", args.join(" ")))?;

@@ -425,6 +425,9 @@ pub(crate) fn read(
                             &mut remaining,
                             &mut progressed,
                         );
+                        if full(&chunk) && !send(events, &mut chunk) {
+                            return Ok(None);
+                        }
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "Kafka event outside the partition queues"),

@@ -12,7 +12,7 @@ pub enum ConsoleFormat {
     /// A header line per batch, then `topic-partition@offset key=... value=...`.
     #[default]
     Text,
-    /// One JSON object per record (see [`super::record_json`]).
+    /// One JSON object per record (see [`super::write_record_json`]).
     Json,
 }
 

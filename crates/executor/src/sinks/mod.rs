@@ -1,5 +1,5 @@
 //! The built-in sinks: `console` and `jsonl`, which write records in the same JSON
-//! shape (see [`record_json`]), and `discard`, which keeps nothing (for benchmarks).
+//! shape (see [`write_record_json`]), and `discard`, which keeps nothing (for benchmarks).
 
 mod console;
 mod discard;
@@ -78,13 +78,6 @@ pub fn write_record_json(out: &mut Vec<u8>, record: RecordRef<'_>) {
     out.push(b',');
     put_bytes(out, "value", record.value());
     out.push(b'}');
-}
-
-/// A record as one JSON value, in the shape [`write_record_json`] writes.
-pub fn record_json(record: RecordRef<'_>) -> serde_json::Value {
-    let mut out = Vec::new();
-    write_record_json(&mut out, record);
-    serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null)
 }
 
 fn json_string(out: &mut Vec<u8>, text: &str) {
