@@ -1,8 +1,10 @@
 //! The Kafka side of `cargo xtask bench`:
 //!
-//! - `fill <bootstrap> <topic> <partitions> <records> <value bytes>`: creates the
-//!   topic and fills it to `records` records, with a progress bar; a topic that
-//!   already holds them is reused.
+//! - `fill <bootstrap> <topic> <partitions> <records> <value bytes> [batch bytes]`:
+//!   creates the topic and fills it to `records` records, with a progress bar; a
+//!   topic that already holds them is reused. The producer's `batch.size` is
+//!   `batch bytes` (librdkafka's 1,000,000 by default; the Java producer's default
+//!   is 16,384), which sets the size of the record batches a fetch returns whole.
 //! - `consume <bootstrap> <topic>`: the baseline, a plain rdkafka consumer reading
 //!   every partition to its end with no processing, with the fetch settings Sluice
 //!   uses; prints JSON figures.
@@ -32,6 +34,23 @@ fn main() -> Result<()> {
             partitions.parse()?,
             records.parse()?,
             value_bytes.parse()?,
+            1_000_000,
+        ),
+        [
+            "fill",
+            bootstrap,
+            topic,
+            partitions,
+            records,
+            value_bytes,
+            batch_bytes,
+        ] => fill(
+            bootstrap,
+            topic,
+            partitions.parse()?,
+            records.parse()?,
+            value_bytes.parse()?,
+            batch_bytes.parse()?,
         ),
         ["consume", bootstrap, topic] => consume(bootstrap, topic),
         ["chart", results, out] => chart(results, out),
@@ -68,6 +87,7 @@ fn fill(
     partitions: i32,
     records: u64,
     value_bytes: usize,
+    batch_bytes: usize,
 ) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = config(bootstrap).create()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -92,7 +112,7 @@ fn fill(
     }
     let producer: ThreadedProducer<_> = config(bootstrap)
         .set("linger.ms", "20")
-        .set("batch.size", "1000000")
+        .set("batch.size", batch_bytes.to_string())
         .set("queue.buffering.max.messages", "1000000")
         .set("queue.buffering.max.kbytes", "1048576")
         .create()?;
@@ -144,10 +164,10 @@ fn consume(bootstrap: &str, topic: &str) -> Result<()> {
         .set("enable.auto.commit", "false")
         .set("fetch.queue.backoff.ms", "10")
         .set("fetch.wait.max.ms", "20")
-        // Sluice's whole prefetch budget, in the one shared queue.
+        // Sluice's whole read-ahead, in the one shared queue.
         .set(
             "queued.max.messages.kbytes",
-            sluice_kafka_source::READ_QUEUE_KBYTES.to_string(),
+            (sluice_kafka_source::DEFAULT_READ_AHEAD_BYTES / 1024).to_string(),
         )
         .set("fetch.max.bytes", "8388608")
         .create()?;

@@ -590,6 +590,57 @@ async fn back_to_back_batches_continue_and_a_replay_starts_over() {
 }
 
 #[tokio::test]
+async fn a_small_read_ahead_pauses_partitions_and_resumes_each_exactly_where_it_stopped() {
+    let topic = sluice_tests::unique_name("readahead");
+    create_topic(&topic, 4).await;
+    let p = producer();
+    for partition in 0..4 {
+        produce(
+            &p,
+            &topic,
+            &numbered(partition, &format!("p{partition}"), 5000),
+        )
+        .await;
+    }
+    // 16 KiB per partition: a few hundred small records, far less than one
+    // fetch brings, so the buffers fill and the partitions pause again and again.
+    let mut config = subscribe(&topic);
+    config.read_ahead_bytes = 64 * 1024;
+    let mut source = source(config);
+    let mut at = [0_i64; 4];
+    let mut step = 0_i64;
+    while at.iter().any(|a| *a < 5000) {
+        // Uneven and shifting ranges, as rate limits make them.
+        let ranges: Vec<OffsetRange> = (0..4)
+            .map(|i| {
+                let take = (37 + 53 * ((step + i as i64) % 4)).min(5000 - at[i]);
+                range(&topic, i as i32, at[i], at[i] + take)
+            })
+            .collect();
+        let batch = source.read_batch(&ranges).await.unwrap();
+        let want: Vec<_> = ranges
+            .iter()
+            .map(|r| {
+                let i = r.topic_partition.partition;
+                expected(&format!("p{i}"), r.from.value(), r.until.value())
+            })
+            .collect();
+        assert_eq!(read_values(&batch), want, "batch over {ranges:?}");
+        for (i, r) in ranges.iter().enumerate() {
+            at[i] = r.until.value();
+        }
+        step += 1;
+    }
+    assert!(
+        source.read_ahead_pauses() > 4,
+        "the read-ahead filled and paused partitions ({} times)",
+        source.read_ahead_pauses()
+    );
+    assert_eq!(source.assignments(), 1, "every batch continued from the last");
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
 async fn headers_come_with_records_when_asked_for() {
     let topic = sluice_tests::unique_name("headers");
     create_topic(&topic, 1).await;

@@ -27,47 +27,17 @@ pub(crate) enum Position {
 
 /// The consumer used for requests and reads, with the settings requests need.
 pub(crate) struct Client {
-    pub(crate) consumer: std::sync::Arc<BaseConsumer<SourceContext>>,
+    pub(crate) consumer: BaseConsumer<SourceContext>,
     /// The settings of the consumer that reads batches. It is a consumer of its
     /// own, so that its fetches, which long-poll at a partition's end, never hold
     /// back a metadata or offsets request on the same connection.
     pub(crate) reader_config: rdkafka::ClientConfig,
-    /// How many times a read assigned partitions, rather than continue.
-    pub(crate) assignments: std::sync::atomic::AtomicU64,
     pub(crate) config: KafkaSourceConfig,
     pub(crate) group_id: String,
     pub(crate) pattern: Option<Regex>,
-    /// What the last read left for the next; held by the thread of the read in
-    /// progress.
-    pub(crate) reading: std::sync::Mutex<crate::reader::ReadState>,
 }
 
 impl Client {
-    /// A consumer for reading `partitions` partitions, each with a queue of its
-    /// own. librdkafka's prefetch limit applies per partition queue, so
-    /// [`crate::READ_QUEUE_KBYTES`] is shared out among them.
-    pub(crate) fn reader(
-        &self,
-        partitions: usize,
-    ) -> Result<BaseConsumer<SourceContext>, KafkaSourceError> {
-        let mut config = self.reader_config.clone();
-        if !self
-            .config
-            .client_options
-            .contains_key("queued.max.messages.kbytes")
-        {
-            let share =
-                (crate::READ_QUEUE_KBYTES / partitions.max(1)).clamp(64, crate::READ_QUEUE_KBYTES);
-            config.set("queued.max.messages.kbytes", share.to_string());
-        }
-        config
-            .create_with_context(SourceContext)
-            .map_err(|source| KafkaSourceError::Client {
-                bootstrap: self.config.bootstrap_servers.clone(),
-                source: Box::new(source),
-            })
-    }
-
     /// Runs `request` until it succeeds or the retries are spent.
     fn retry<T>(
         &self,

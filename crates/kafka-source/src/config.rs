@@ -45,7 +45,14 @@ pub struct KafkaSourceConfig {
     /// Whether to commit each committed batch's end offsets to the consumer group,
     /// so that lag monitors see progress.
     pub commit_progress: bool,
+    /// How many bytes of records the reader may hold ahead of the batches, over
+    /// all partitions (default [`DEFAULT_READ_AHEAD_BYTES`]). Each partition gets
+    /// an equal share, and at least one record.
+    pub read_ahead_bytes: usize,
 }
+
+/// The default of [`KafkaSourceConfig::read_ahead_bytes`].
+pub const DEFAULT_READ_AHEAD_BYTES: usize = 32 * 1024 * 1024;
 
 impl KafkaSourceConfig {
     /// A configuration with Sluice's defaults.
@@ -62,6 +69,7 @@ impl KafkaSourceConfig {
             request_timeout: Duration::from_secs(30),
             include_headers: false,
             commit_progress: false,
+            read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
         }
     }
 

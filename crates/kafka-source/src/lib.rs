@@ -25,7 +25,7 @@ use sluice_offsets::{
 };
 
 use client::{Client, Position};
-pub use config::{KafkaSourceConfig, TopicSelection};
+pub use config::{DEFAULT_READ_AHEAD_BYTES, KafkaSourceConfig, TopicSelection};
 pub use error::KafkaSourceError;
 pub use sink::{KafkaSink, KafkaSinkConfig};
 
@@ -70,10 +70,11 @@ impl SourceContext {
 
 impl ConsumerContext for SourceContext {}
 
-/// A Kafka cluster as a [`Source`]: one long-lived consumer for requests and
-/// reads, kept between batches.
+/// A Kafka cluster as a [`Source`]: a consumer for requests, and a thread with a
+/// consumer of its own that reads batches and reads ahead between them.
 pub struct KafkaSource {
     client: Arc<Client>,
+    reader: reader::Reader,
 }
 
 impl KafkaSource {
@@ -123,17 +124,15 @@ impl KafkaSource {
                 bootstrap: config.bootstrap_servers.clone(),
                 source: Box::new(source),
             })?;
-        Ok(KafkaSource {
-            client: Arc::new(Client {
-                consumer: Arc::new(consumer),
-                reader_config: client_config,
-                assignments: std::sync::atomic::AtomicU64::new(0),
-                config,
-                group_id,
-                pattern,
-                reading: std::sync::Mutex::new(reader::ReadState::default()),
-            }),
-        })
+        let client = Arc::new(Client {
+            consumer,
+            reader_config: client_config,
+            config,
+            group_id,
+            pattern,
+        });
+        let reader = reader::Reader::start(client.clone())?;
+        Ok(KafkaSource { client, reader })
     }
 
     /// The consumer group this source commits progress to and reads committed
@@ -145,8 +144,18 @@ impl KafkaSource {
     /// How many reads assigned partitions afresh instead of continuing where the
     /// previous read ended (a replay, new partitions, tolerated data loss).
     pub fn assignments(&self) -> u64 {
-        self.client
+        self.reader
+            .shared()
             .assignments
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many times a partition's read-ahead filled its share, so that the
+    /// partition stopped fetching until the batches had taken half of it.
+    pub fn read_ahead_pauses(&self) -> u64 {
+        self.reader
+            .shared()
+            .pauses
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -166,12 +175,6 @@ impl KafkaSource {
     }
 }
 
-/// What librdkafka may prefetch for a read, in KiB of records over all its
-/// partitions, unless the configuration sets `queued.max.messages.kbytes`. It
-/// prefetches up to 64 MiB per partition queue by default, and about four times
-/// that in memory for small records.
-pub const READ_QUEUE_KBYTES: usize = 2048;
-
 /// `fetch.max.bytes` unless the configuration sets another.
 const FETCH_MAX_BYTES: &str = "8388608";
 
@@ -182,6 +185,8 @@ const CHUNKS_IN_FLIGHT: usize = 4;
 /// The records of one batch as a [`KafkaSource`] reads them on a thread of its own.
 pub struct KafkaBatchReader {
     events: tokio::sync::mpsc::Receiver<Result<reader::Event, KafkaSourceError>>,
+    /// Told when a chunk was taken, so that the reading thread hands over the next.
+    shared: Arc<reader::Shared>,
     data_loss: Vec<DataLoss>,
     finished: bool,
 }
@@ -193,7 +198,9 @@ impl BatchReader for KafkaBatchReader {
         if self.finished {
             return Ok(None);
         }
-        match self.events.recv().await {
+        let event = self.events.recv().await;
+        self.shared.signal.notify();
+        match event {
             Some(Ok(reader::Event::Chunk(chunk))) => Ok(Some(chunk)),
             Some(Ok(reader::Event::Done(losses))) => {
                 self.finished = true;
@@ -240,26 +247,11 @@ impl Source for KafkaSource {
     }
 
     async fn read(&mut self, ranges: &[OffsetRange]) -> Result<KafkaBatchReader, KafkaSourceError> {
-        let ranges = ranges.to_vec();
-        let client = self.client.clone();
         let (events, receiver) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
-        tokio::task::spawn_blocking(move || {
-            // An abandoned read may still be dropping its assignment; the next one
-            // waits for that instead of having its own assignment dropped.
-            let mut state = client
-                .reading
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let last = match reader::read(&client, &mut state, &ranges, &events) {
-                Ok(Some(losses)) => Ok(reader::Event::Done(losses)),
-                Ok(None) => return,
-                Err(e) => Err(e),
-            };
-            // The receiver may be gone already; then nobody needs the outcome.
-            let _ = events.blocking_send(last);
-        });
+        self.reader.read(ranges.to_vec(), events);
         Ok(KafkaBatchReader {
             events: receiver,
+            shared: self.reader.shared().clone(),
             data_loss: Vec::new(),
             finished: false,
         })

@@ -1,16 +1,61 @@
-//! Reading exactly the records of planned offset ranges.
+//! Reading planned offset ranges, with a read-ahead of bounded size.
 //!
-//! All ranges are read by one consumer at once: librdkafka fetches every assigned
-//! partition in parallel, from each partition's leader. A partition is done when
-//! its consumer position reaches the range's end. The position, not the last
-//! record, decides, because transaction markers and aborted records take offsets
-//! that are never delivered.
+//! One thread per source owns the reading consumer for as long as the source
+//! lives. It keeps every partition of the last plan assigned and reads ahead of
+//! the plans, so that the next batch, which starts where this one ended, finds
+//! its records waiting. What it has read ahead waits in a buffer per partition,
+//! copied out of librdkafka at once.
 //!
-//! Records are copied into [`RecordChunk`]s and handed over a bounded channel as
-//! they arrive, so memory holds a few chunks and librdkafka's prefetch queue, never
-//! a whole batch.
+//! # Why the read-ahead is ours
+//!
+//! librdkafka keeps about 300 bytes of bookkeeping per queued message, and a
+//! fetched response stays in memory until its last message is polled. A broker
+//! answers every partition of a fetch with at least one whole record batch
+//! (KIP-74), whatever `max.partition.fetch.bytes` says. So with many partitions
+//! and small batches, which take a few records of each partition at a time,
+//! leaving the rest in librdkafka's queues held the whole topic in memory, four
+//! times over: 876 MiB for 200 MB of records over 1,024 partitions at 10,000
+//! records per trigger (heaptrack: 604 MiB of it in `rd_kafka_op_new_fetch_msg`).
+//!
+//! Instead, every partition that is fetching is polled as soon as messages
+//! arrive. A record the current read wants goes into its chunk; any other goes
+//! into the partition's buffer. Once a buffer holds its share of
+//! [`crate::KafkaSourceConfig::read_ahead_bytes`], the partition is no longer
+//! polled and is paused, which stops its fetching and makes librdkafka drop what
+//! it still queued for it; it resumes once the buffer has drained to half.
+//! Nothing polled is ever dropped, so librdkafka resumes right after the last
+//! buffered record. While the batch's reader is behind, nothing is polled at all:
+//! what the batch waits for stays in librdkafka's queues, whose limits are small.
+//!
+//! So memory is bounded by configuration: the read-ahead, librdkafka's queue
+//! limits (an eighth of a share per partition) and the fetch in flight
+//! (`fetch.max.bytes`). The price is paid when a partition's share is smaller
+//! than what one fetch brings it (up to `max.partition.fetch.bytes`, and at least
+//! one record batch): the rest is dropped and fetched again later.
+//!
+//! librdkafka does not wake a broker thread that idles for want of fetchable
+//! partitions when one of them resumes; the thread sleeps up to a second. After
+//! resuming partitions, the reader asks for one of their watermarks, which wakes
+//! its leader's thread: a 200-batch read over 1,024 partitions took 27 s without
+//! and 5 s with it.
+//!
+//! Partitions start at explicit offsets by assignment: on their first read, on a
+//! read that does not continue (a replay), after an out-of-range offset, and when
+//! a read has waited [`STALL`] for one in vain (a guard against librdkafka losing
+//! a resumption, as in confluentinc/librdkafka#5591). Assigning and unassigning
+//! wait for librdkafka's main thread, about 0.5 ms a call, so a thread of their
+//! own makes them ([`Assigner`]). A partition being unassigned is not polled until
+//! librdkafka confirms, as until then what it queued still looks current.
+//!
+//! A partition is done when its next offset reaches its range's end. librdkafka
+//! moves a partition's position past transaction markers and aborted records,
+//! which are never delivered, and the reader takes that position when the
+//! partition has nothing queued, so such offsets never stall a read.
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::base_consumer::PartitionQueue;
@@ -23,18 +68,33 @@ use sluice_offsets::{
     DataLoss, Offset, OffsetRange, RecordChunk, RecordParts, TimestampType, TopicPartition,
     classify_data_loss,
 };
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::TrySendError};
 
 use crate::client::{Client, Position};
 use crate::{KafkaSourceError, SourceContext};
 
-/// How long one poll waits before the reader checks positions and its timeout.
+/// How long the reading thread sleeps when nothing happens, before it checks
+/// positions and the read's timeout again.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// A chunk is handed over once it holds this many bytes of keys and values...
 pub(crate) const CHUNK_BYTES: usize = 128 * 1024;
 /// ...or this many records.
 pub(crate) const CHUNK_RECORDS: usize = 1024;
+
+/// The records of a partition's buffer are kept in segments of at most this
+/// many bytes of keys and values, so that memory is given back as a buffer
+/// drains. A segment is a quarter of the partition's share, if that is smaller.
+const SEGMENT_BYTES: usize = 16 * 1024;
+
+/// The most messages taken from one partition queue before the next partition's
+/// turn, so that every partition moves on.
+const BURST: usize = 1024;
+
+/// How long a read waits for a partition that delivers nothing before that
+/// partition is assigned afresh at its next offset. Plans name only offsets
+/// that exist, so a partition a read waits for should be delivering.
+const STALL: Duration = Duration::from_secs(2);
 
 /// What the reading thread sends to the batch's reader.
 pub(crate) enum Event {
@@ -47,93 +107,104 @@ pub(crate) enum Event {
 /// The sending half of a read.
 pub(crate) type Events = mpsc::Sender<Result<Event, KafkaSourceError>>;
 
-struct Pending {
-    topic: Arc<str>,
-    partition: i32,
-    /// The planned start, for error messages.
-    from: i64,
-    /// The first offset not yet read.
-    next: i64,
-    until: i64,
-    done: bool,
+/// One partition's own message queue.
+type Queue = PartitionQueue<SourceContext>;
+
+/// A partition, by topic and number.
+type Key = (Arc<str>, i32);
+
+/// The reading thread, seen from the source. Dropping it stops the thread.
+pub(crate) struct Reader {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
 }
 
-impl Pending {
-    fn topic_partition(&self) -> TopicPartition {
-        TopicPartition::new(self.topic.as_ref(), self.partition)
+/// What the source and the reading thread share.
+pub(crate) struct Shared {
+    /// Wakes the thread: librdkafka queued messages, a chunk was taken, a read
+    /// was asked for, an assignment changed, or the source is going away.
+    pub(crate) signal: Signal,
+    /// The read asked for and not yet begun; a newer one replaces it.
+    request: Mutex<Option<(Vec<OffsetRange>, Events)>>,
+    /// Changes of the assignment that the [`Assigner`] made.
+    changed: Mutex<Vec<Result<Change, KafkaSourceError>>>,
+    stop: AtomicBool,
+    /// How many reads began afresh instead of continuing where the last ended.
+    pub(crate) assignments: AtomicU64,
+    /// How many times a partition was paused because its buffer was full.
+    pub(crate) pauses: AtomicU64,
+}
+
+impl Reader {
+    /// Starts the reading thread; it creates its consumer at the first read.
+    pub(crate) fn start(client: Arc<Client>) -> Result<Reader, KafkaSourceError> {
+        let shared = Arc::new(Shared {
+            signal: Signal::default(),
+            request: Mutex::new(None),
+            changed: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            assignments: AtomicU64::new(0),
+            pauses: AtomicU64::new(0),
+        });
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("sluice-reader".to_owned())
+            .spawn(move || run(client, thread_shared))
+            .map_err(|e| KafkaSourceError::Task(format!("starting the reading thread: {e}")))?;
+        Ok(Reader {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks for `ranges` to be read into `events`. A read still in progress is
+    /// abandoned.
+    pub(crate) fn read(&self, ranges: Vec<OffsetRange>, events: Events) {
+        *lock(&self.shared.request) = Some((ranges, events));
+        self.shared.signal.notify();
+    }
+
+    /// What the thread shares with the readers of batches.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 }
 
-/// Finds a message's pending range by topic and partition number, without
-/// hashing: a query reads a few topics, and partition numbers are small.
-struct Index {
-    topics: Vec<(Arc<str>, Vec<Option<usize>>)>,
-}
-
-impl Index {
-    fn new(pending: &[Pending]) -> Index {
-        let mut topics: Vec<(Arc<str>, Vec<Option<usize>>)> = Vec::new();
-        for (i, p) in pending.iter().enumerate() {
-            let slot = match topics.iter().position(|(t, _)| *t == p.topic) {
-                Some(slot) => slot,
-                None => {
-                    topics.push((p.topic.clone(), Vec::new()));
-                    topics.len() - 1
-                }
-            };
-            let partitions = &mut topics[slot].1;
-            let n = usize::try_from(p.partition).unwrap_or(0);
-            if partitions.len() <= n {
-                partitions.resize(n + 1, None);
-            }
-            partitions[n] = Some(i);
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.signal.notify();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
-        Index { topics }
-    }
-
-    fn find<M: Message>(&self, message: &M) -> Option<usize> {
-        // The consumer is assigned exactly the indexed partitions, so with one topic
-        // the partition number decides, and the topic name (a C string checked for
-        // UTF-8 on every call) is not needed.
-        let partitions = match self.topics.as_slice() {
-            [(_, partitions)] => partitions,
-            _ => &self.find_topic(message.topic())?.1,
-        };
-        *partitions.get(usize::try_from(message.partition()).ok()?)?
-    }
-
-    fn find_topic(&self, topic: &str) -> Option<&(Arc<str>, Vec<Option<usize>>)> {
-        self.topics.iter().find(|(t, _)| **t == *topic)
-    }
-
-    fn find_partition(&self, topic: &str, partition: i32) -> Option<usize> {
-        let (_, partitions) = self.find_topic(topic)?;
-        *partitions.get(usize::try_from(partition).ok()?)?
     }
 }
 
-/// Wakes the reading thread when a partition queue receives messages.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Wakes the reading thread.
 #[derive(Default)]
-struct Signal {
+pub(crate) struct Signal {
     ready: Mutex<bool>,
     changed: Condvar,
 }
 
 impl Signal {
-    fn notify(&self) {
-        let mut ready = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
-        *ready = true;
+    pub(crate) fn notify(&self) {
+        *lock(&self.ready) = true;
         self.changed.notify_one();
     }
 
-    /// Forgets earlier notifications; called before the queues are polled, so
-    /// that a message arriving after the poll is never missed.
+    /// Forgets earlier notifications; called before the thread looks at its
+    /// queues, so that anything arriving after the look is never missed.
     fn reset(&self) {
-        *self.ready.lock().unwrap_or_else(PoisonError::into_inner) = false;
+        *lock(&self.ready) = false;
     }
 
     fn wait(&self, timeout: Duration) {
-        let ready = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
+        let ready = lock(&self.ready);
         let _unused = self
             .changed
             .wait_timeout_while(ready, timeout, |ready| !*ready)
@@ -141,458 +212,941 @@ impl Signal {
     }
 }
 
-/// One partition's own message queue.
-type Queue = PartitionQueue<SourceContext>;
-
-/// What a read leaves for the next one, so that back-to-back batches continue
-/// where the last one ended instead of assigning and fetching from scratch.
-///
-/// Every partition has a queue of its own: the read polls only the partitions
-/// whose ranges are unfinished, and what librdkafka prefetched beyond a range's
-/// end stays queued (up to `queued.max.messages.kbytes` per partition) for the
-/// next batch. With one shared queue, a fetch response enqueues up to
-/// `max.partition.fetch.bytes` per partition one partition after another, so a
-/// batch of 10,000 records over 8 partitions had to drain about 7 times that much
-/// to reach its last partition's records (`cargo xtask bench`).
-#[derive(Default)]
-pub(crate) struct ReadState {
-    /// The consumer that reads, created by the first read.
-    consumer: Option<Arc<BaseConsumer<SourceContext>>>,
-    /// Each assigned partition with the offset its next range must start at, in
-    /// the order of the last plan; empty when nothing is assigned.
-    next: Vec<(Arc<str>, i32, i64)>,
-    /// Per entry of `next`, its queue.
-    queues: Vec<Option<Queue>>,
-    /// Per entry of `next`, a record polled beyond the end of its last range.
-    carry: Vec<RecordChunk>,
-    signal: Arc<Signal>,
-}
-
-impl ReadState {
-    /// Whether `ranges` continue exactly where the last read ended.
-    fn continues(&self, ranges: &[OffsetRange]) -> bool {
-        self.next.len() == ranges.len()
-            && self
-                .next
-                .iter()
-                .zip(ranges)
-                .all(|((topic, partition, next), r)| {
-                    **topic == *r.topic_partition.topic
-                        && *partition == r.topic_partition.partition
-                        && *next == r.from.value()
-                })
+fn run(client: Arc<Client>, shared: Arc<Shared>) {
+    let mut reading = Reading::new(client, shared.clone());
+    while !shared.stop.load(Ordering::Relaxed) {
+        shared.signal.reset();
+        let request = lock(&shared.request).take();
+        if let Some((ranges, events)) = request {
+            reading.begin(ranges, events);
+        }
+        if !reading.step() {
+            reading.stats.waits += 1;
+            shared.signal.wait(POLL_INTERVAL);
+        }
     }
 }
 
-/// Drops the assignment when a read ends in any other way than completely, so
-/// that nothing is fetched for a read that will not continue.
-struct Assigned<'a> {
-    consumer: &'a BaseConsumer<SourceContext>,
-    keep: bool,
+/// A change of the assignment, made by the [`Assigner`].
+pub(crate) enum Change {
+    /// These partitions are assigned at these offsets.
+    Assign(Vec<(Key, i64)>),
+    /// These partitions are unassigned.
+    Unassign(Vec<Key>),
+    /// A request for this partition's watermarks, made only to wake the
+    /// thread of its leader.
+    Poke(Key),
 }
 
-impl Drop for Assigned<'_> {
+/// A thread that makes the changes of the assignment the reading thread asks
+/// for, in the order asked, and reports each back through [`Shared::changed`].
+struct Assigner {
+    changes: Option<std::sync::mpsc::Sender<Change>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Assigner {
+    fn start(
+        consumer: Arc<BaseConsumer<SourceContext>>,
+        shared: Arc<Shared>,
+    ) -> Result<Assigner, KafkaSourceError> {
+        let (changes, receiver) = std::sync::mpsc::channel::<Change>();
+        let thread = std::thread::Builder::new()
+            .name("sluice-assigner".to_owned())
+            .spawn(move || {
+                while let Ok(change) = receiver.recv() {
+                    let done = apply(&consumer, change);
+                    lock(&shared.changed).push(done);
+                    shared.signal.notify();
+                }
+            })
+            .map_err(|e| KafkaSourceError::Task(format!("starting the assigning thread: {e}")))?;
+        Ok(Assigner {
+            changes: Some(changes),
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, change: Change) {
+        if let Some(changes) = &self.changes {
+            // The thread only ends when this sender is dropped.
+            let _ = changes.send(change);
+        }
+    }
+}
+
+impl Drop for Assigner {
     fn drop(&mut self) {
-        if self.keep {
-            return;
-        }
-        if let Err(e) = self.consumer.unassign() {
-            tracing::debug!(error = %e, "dropping the assignment after a read failed");
+        self.changes = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
 
-/// Assigns `pending` at their next offsets and gives each a queue of its own.
-/// Partitions that are done get no queue when `all` is false.
-fn assign(
-    client: &Client,
-    consumer: &Arc<BaseConsumer<SourceContext>>,
-    pending: &[Pending],
-    signal: &Arc<Signal>,
-    all: bool,
-) -> Result<Vec<Option<Queue>>, KafkaSourceError> {
-    client
-        .assignments
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let wanted = |p: &Pending| all || !p.done;
-    let mut assignment = TopicPartitionList::with_capacity(pending.len());
-    for p in pending.iter().filter(|p| wanted(p)) {
-        assignment
-            .add_partition_offset(&p.topic, p.partition, KafkaOffset::Offset(p.next))
-            .map_err(|source| kafka_error("assigning", &p.topic_partition(), source))?;
-    }
-    consumer
-        .assign(&assignment)
-        .map_err(|source| KafkaSourceError::Kafka {
-            what: format!("assigning {} partitions", assignment.count()),
-            source: Box::new(source),
-        })?;
-    // Split before anything is polled, so that no message of these partitions
-    // waits in the consumer's shared queue.
-    pending
-        .iter()
-        .map(|p| {
-            if !wanted(p) {
-                return Ok(None);
+/// Makes one change of the assignment.
+fn apply(
+    consumer: &BaseConsumer<SourceContext>,
+    change: Change,
+) -> Result<Change, KafkaSourceError> {
+    let mut list = TopicPartitionList::new();
+    match &change {
+        Change::Assign(parts) => {
+            for ((topic, partition), next) in parts {
+                list.add_partition_offset(topic, *partition, KafkaOffset::Offset(*next))
+                    .map_err(|source| KafkaSourceError::Kafka {
+                        what: format!("assigning {topic}-{partition} at {next}"),
+                        source: Box::new(source),
+                    })?;
             }
+            consumer
+                .incremental_assign(&list)
+                .map_err(|source| KafkaSourceError::Kafka {
+                    what: format!("assigning {} partitions", list.count()),
+                    source: Box::new(source),
+                })?;
+        }
+        Change::Poke((topic, partition)) => {
+            // Only the request matters, not what it finds.
+            let _ = consumer.fetch_watermarks(topic, *partition, Duration::from_secs(5));
+        }
+        Change::Unassign(parts) => {
+            for (topic, partition) in parts {
+                list.add_partition(topic, *partition);
+            }
+            consumer
+                .incremental_unassign(&list)
+                .map_err(|source| KafkaSourceError::Kafka {
+                    what: format!("unassigning {} partitions", list.count()),
+                    source: Box::new(source),
+                })?;
+        }
+    }
+    Ok(change)
+}
+
+/// A partition's records read ahead, in offset order.
+#[derive(Default)]
+struct Buffer {
+    segments: VecDeque<RecordChunk>,
+    /// Records of the front segment already taken.
+    taken: usize,
+    /// The memory the segments have taken ([`RecordChunk::allocated_bytes`]):
+    /// what the buffer is measured by, so that its share bounds real memory.
+    bytes: usize,
+}
+
+impl Buffer {
+    fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+
+    fn front(&self) -> Option<sluice_offsets::RecordRef<'_>> {
+        self.segments.front()?.get(self.taken)
+    }
+
+    fn pop_front(&mut self) {
+        let Some(front) = self.segments.front() else {
+            return;
+        };
+        self.taken += 1;
+        if self.taken >= front.len() {
+            self.bytes = self.bytes.saturating_sub(front.allocated_bytes());
+            self.segments.pop_front();
+            self.taken = 0;
+        }
+    }
+
+    fn push<M: Message>(
+        &mut self,
+        message: &M,
+        topic: &Arc<str>,
+        include_headers: bool,
+        share: usize,
+    ) {
+        let segment_bytes = (share / 4).clamp(1024, SEGMENT_BYTES);
+        let room = self
+            .segments
+            .back()
+            .is_some_and(|s| s.byte_len() < segment_bytes);
+        if !room {
+            // Room for records of about 128 bytes; smaller ones grow the entries.
+            let segment = RecordChunk::with_capacity(segment_bytes / 128, segment_bytes);
+            self.bytes += segment.allocated_bytes();
+            self.segments.push_back(segment);
+        }
+        if let Some(segment) = self.segments.back_mut() {
+            let before = segment.allocated_bytes();
+            push(segment, message, topic, include_headers);
+            self.bytes += segment.allocated_bytes() - before;
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Buffer::default();
+    }
+}
+
+/// Where a partition stands with librdkafka.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fetch {
+    /// Not assigned, and its queue holds nothing current.
+    Idle,
+    /// Assigned, or being assigned, at `next`: its queue is polled.
+    Fetching,
+    /// Assigned and paused, because its buffer is full: nothing is fetched, and
+    /// its queue holds nothing current.
+    Paused,
+    /// Being unassigned: its queue is not polled until librdkafka confirms, as
+    /// until then what it queued still looks current.
+    Stopping,
+}
+
+/// One partition the reader knows, from the last plan.
+struct Part {
+    topic: Arc<str>,
+    partition: i32,
+    fetch: Fetch,
+    /// Where the next read must start to continue: the first offset not yet
+    /// handed to a read. Buffered records lie at or after it.
+    start: i64,
+    /// The offset after the last one fetched: where fetching goes on.
+    next: i64,
+    buffer: Buffer,
+    /// The buffer holds its share: the partition is not polled, and is to stop
+    /// fetching.
+    full: bool,
+    /// librdkafka found `next` out of range; what was lost is judged when a read
+    /// needs the partition.
+    out_of_range: bool,
+    /// When the partition last delivered a message, or was assigned.
+    last_message: Instant,
+    /// The index of this partition's range in the read in progress.
+    range: Option<usize>,
+}
+
+impl Part {
+    fn key(&self) -> Key {
+        (self.topic.clone(), self.partition)
+    }
+
+    fn topic_partition(&self) -> TopicPartition {
+        TopicPartition::new(self.topic.as_ref(), self.partition)
+    }
+}
+
+/// The state of the reading thread.
+struct Reading {
+    client: Arc<Client>,
+    shared: Arc<Shared>,
+    consumer: Option<Arc<BaseConsumer<SourceContext>>>,
+    assigner: Option<Assigner>,
+    parts: Vec<Part>,
+    /// Per entry of `parts`, its queue, and whether librdkafka queued messages
+    /// there since the queue was last polled empty.
+    queues: Vec<(Queue, Arc<AtomicBool>)>,
+    by_name: HashMap<Key, usize>,
+    /// Unassignments asked for and not yet made, per partition; a partition
+    /// is not assigned again before they are.
+    stopping: HashMap<Key, usize>,
+    /// A poke of a broker thread is on its way.
+    poking: bool,
+    /// A partition resumed since the last poke was sent: one more is due.
+    poke: Option<Key>,
+    read: Option<Read>,
+    /// When positions and the timeout were last looked at.
+    last_idle_check: Instant,
+    stats: Stats,
+}
+
+/// What the reading thread did, for its debug log line after every read.
+#[derive(Debug, Default)]
+struct Stats {
+    /// Messages polled from librdkafka.
+    polled: u64,
+    /// Partitions unassigned to start over.
+    stopped: u64,
+    /// Partitions paused for a full buffer, and resumed.
+    paused: u64,
+    resumed: u64,
+    /// Partitions assigned at their next offsets.
+    assigned: u64,
+    /// Partitions assigned afresh because a read waited for them in vain.
+    stalled: u64,
+    /// Times the thread slept for lack of work.
+    waits: u64,
+}
+
+impl Reading {
+    fn new(client: Arc<Client>, shared: Arc<Shared>) -> Reading {
+        Reading {
+            client,
+            shared,
+            consumer: None,
+            assigner: None,
+            parts: Vec::new(),
+            queues: Vec::new(),
+            by_name: HashMap::new(),
+            stopping: HashMap::new(),
+            poking: false,
+            poke: None,
+            read: None,
+            last_idle_check: Instant::now(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Each partition's share of the read-ahead, in bytes.
+    fn share(&self) -> usize {
+        self.client.config.read_ahead_bytes / self.parts.len().max(1)
+    }
+
+    /// The consumer, created at the first read for `partitions` partitions.
+    fn consumer(
+        &mut self,
+        partitions: usize,
+    ) -> Result<Arc<BaseConsumer<SourceContext>>, KafkaSourceError> {
+        if let Some(consumer) = &self.consumer {
+            return Ok(consumer.clone());
+        }
+        let consumer = Arc::new(create_consumer(&self.client, partitions)?);
+        self.assigner = Some(Assigner::start(consumer.clone(), self.shared.clone())?);
+        self.consumer = Some(consumer.clone());
+        Ok(consumer)
+    }
+
+    /// Starts reading `ranges`: partitions whose range starts where they stand go
+    /// on from their buffers; the others start over at their range's start.
+    fn begin(&mut self, ranges: Vec<OffsetRange>, events: Events) {
+        self.read = None;
+        let fresh = self
+            .consumer(ranges.len())
+            .and_then(|consumer| self.plan_parts(&consumer, &ranges));
+        match fresh {
+            Ok(true) => {
+                self.shared.assignments.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                self.forget_all();
+                let _ = events.try_send(Err(e));
+                return;
+            }
+        }
+        let mut read = Read {
+            events,
+            ranges: Vec::with_capacity(ranges.len()),
+            remaining: 0,
+            out: Out {
+                chunk: new_chunk(),
+                ready: None,
+            },
+            losses: Vec::new(),
+            last_progress: Instant::now(),
+            progressed: false,
+        };
+        for (i, r) in ranges.iter().enumerate() {
+            let key = (
+                Arc::from(r.topic_partition.topic.as_str()),
+                r.topic_partition.partition,
+            );
+            let part = self.by_name[&key];
+            self.parts[part].range = Some(i);
+            let mut range = Range {
+                part,
+                from: r.from.value(),
+                until: r.until.value(),
+                done: false,
+            };
+            read.remaining += 1;
+            finish_if_complete(&mut range, &mut self.parts[part], &mut read.remaining);
+            read.ranges.push(range);
+        }
+        self.read = Some(read);
+    }
+
+    /// Makes the known partitions those of `ranges`, each standing at its
+    /// range's start. Returns whether any partition started over.
+    fn plan_parts(
+        &mut self,
+        consumer: &Arc<BaseConsumer<SourceContext>>,
+        ranges: &[OffsetRange],
+    ) -> Result<bool, KafkaSourceError> {
+        let wanted: HashMap<Key, i64> = ranges
+            .iter()
+            .map(|r| {
+                (
+                    (
+                        Arc::from(r.topic_partition.topic.as_str()),
+                        r.topic_partition.partition,
+                    ),
+                    r.from.value(),
+                )
+            })
+            .collect();
+        // Partitions no longer planned go, and those that do not continue stop
+        // fetching and start over.
+        let mut fresh = false;
+        let mut stop = Vec::new();
+        let mut keep = Vec::with_capacity(self.parts.len());
+        let queues = std::mem::take(&mut self.queues);
+        for (mut part, queue) in std::mem::take(&mut self.parts).into_iter().zip(queues) {
+            part.range = None;
+            let from = wanted.get(&part.key()).copied();
+            if from == Some(part.start) {
+                keep.push((part, queue));
+                continue;
+            }
+            fresh = true;
+            if matches!(part.fetch, Fetch::Fetching | Fetch::Paused) {
+                stop.push((part.key(), part.fetch == Fetch::Paused));
+            }
+            let Some(from) = from else {
+                continue;
+            };
+            part.buffer.clear();
+            part.start = from;
+            part.next = from;
+            part.full = false;
+            part.out_of_range = false;
+            if matches!(part.fetch, Fetch::Fetching | Fetch::Paused) {
+                part.fetch = Fetch::Stopping;
+            }
+            keep.push((part, queue));
+        }
+        (self.parts, self.queues) = keep.into_iter().unzip();
+        self.unassign(stop);
+        self.by_name = self
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.key(), i))
+            .collect();
+        for (key, from) in wanted {
+            if self.by_name.contains_key(&key) {
+                continue;
+            }
+            fresh = true;
             let mut queue = consumer
-                .split_partition_queue(&p.topic, p.partition)
+                .split_partition_queue(&key.0, key.1)
                 .ok_or_else(|| KafkaSourceError::Kafka {
-                    what: format!("giving {} a queue of its own", p.topic_partition()),
+                    what: format!("giving {}-{} a queue of its own", key.0, key.1),
                     source: Box::new(KafkaError::Subscription(
                         "librdkafka has no queue for this partition".to_owned(),
                     )),
                 })?;
-            let signal = signal.clone();
-            queue.set_nonempty_callback(move || signal.notify());
-            Ok(Some(queue))
-        })
-        .collect()
-}
-
-/// The most messages taken from one partition queue before the next partition's
-/// turn, so that every partition moves on.
-const BURST: usize = 1024;
-
-/// Reads `ranges` and sends their records to `events` in chunks. Returns the
-/// data loss tolerated on the way, or `None` when the receiver went away and the
-/// read was abandoned. `state` carries the assignment from one read to the next.
-pub(crate) fn read(
-    client: &Client,
-    state: &mut ReadState,
-    ranges: &[OffsetRange],
-    events: &Events,
-) -> Result<Option<Vec<DataLoss>>, KafkaSourceError> {
-    let mut losses = Vec::new();
-    if ranges.is_empty() {
-        return Ok(Some(losses));
-    }
-    let mut pending: Vec<Pending> = ranges
-        .iter()
-        .map(|r| Pending {
-            topic: Arc::from(r.topic_partition.topic.as_str()),
-            partition: r.topic_partition.partition,
-            from: r.from.value(),
-            next: r.from.value(),
-            until: r.until.value(),
-            done: r.is_empty(),
-        })
-        .collect();
-    let mut remaining = pending.iter().filter(|p| !p.done).count();
-    let consumer = match &state.consumer {
-        Some(consumer) => consumer.clone(),
-        None => {
-            let consumer = Arc::new(client.reader(ranges.len())?);
-            state.consumer = Some(consumer.clone());
-            consumer
+            // Polling a thousand empty queues per step cost most of a read
+            // (`perf`: clock reads and locks inside the poll), so only queues that
+            // librdkafka filled are polled.
+            let shared = self.shared.clone();
+            let ready = Arc::new(AtomicBool::new(true));
+            let flag = ready.clone();
+            queue.set_nonempty_callback(move || {
+                flag.store(true, Ordering::Release);
+                shared.signal.notify();
+            });
+            // Still being unassigned after an earlier read: wait for that.
+            let fetch = if self.stopping.contains_key(&key) {
+                Fetch::Stopping
+            } else {
+                Fetch::Idle
+            };
+            self.by_name.insert(key.clone(), self.parts.len());
+            self.queues.push((queue, ready));
+            self.parts.push(Part {
+                topic: key.0,
+                partition: key.1,
+                fetch,
+                start: from,
+                next: from,
+                buffer: Buffer::default(),
+                full: false,
+                out_of_range: false,
+                last_message: Instant::now(),
+                range: None,
+            });
         }
-    };
-    let signal = state.signal.clone();
-    let continues = state.continues(ranges);
-    // Until this read ends well, there is nothing to continue from.
-    state.next.clear();
-    let carried = std::mem::take(&mut state.carry);
-    let mut queues = std::mem::take(&mut state.queues);
-    let mut assigned = Assigned {
-        consumer: &consumer,
-        keep: false,
-    };
-    if !continues {
-        drop(queues);
-        // Partitions with empty ranges are assigned too, so that they prefetch
+        // Partitions with empty ranges are assigned too, so that they read ahead
         // for the batches to come.
-        queues = assign(client, &consumer, &pending, &signal, true)?;
+        self.flow();
+        Ok(fresh)
     }
 
-    let index = Index::new(&pending);
-    let include_headers = client.config.include_headers;
-    let poll_timeout = client.config.poll_timeout;
-    let mut chunk = new_chunk();
-    let mut carry = vec![RecordChunk::default(); pending.len()];
-    let mut reassigned = false;
+    /// Asks the assigner to unassign `parts`, given with whether they are paused.
+    /// Those paused are resumed first, here, as librdkafka keeps a pause across
+    /// assignments; a partition's operations are served in order, so the
+    /// resumption takes effect before the unassignment.
+    fn unassign(&mut self, parts: Vec<(Key, bool)>) {
+        if parts.is_empty() {
+            return;
+        }
+        self.stats.stopped += parts.len() as u64;
+        let mut paused = TopicPartitionList::new();
+        for ((topic, partition), was_paused) in &parts {
+            if *was_paused {
+                paused.add_partition(topic, *partition);
+            }
+        }
+        if paused.count() > 0
+            && let Some(consumer) = &self.consumer
+            && let Err(e) = consumer.resume(&paused)
+        {
+            tracing::debug!(error = %e, "resuming partitions before unassigning them");
+        }
+        let keys: Vec<Key> = parts.into_iter().map(|(key, _)| key).collect();
+        for key in &keys {
+            *self.stopping.entry(key.clone()).or_default() += 1;
+        }
+        if let Some(assigner) = &self.assigner {
+            assigner.send(Change::Unassign(keys));
+        }
+    }
 
-    // A record the last read polled beyond its range comes first.
-    if continues {
-        for (i, carried) in carried.iter().enumerate() {
-            for record in carried {
-                let p = &mut pending[i];
-                let at = record.offset().value();
-                if at < p.next {
+    /// Takes in the changes the assigner made: a partition whose unassignment is
+    /// made has nothing current queued, and may be assigned again.
+    fn take_changes(&mut self) -> Result<(), KafkaSourceError> {
+        let changed = std::mem::take(&mut *lock(&self.shared.changed));
+        for change in changed {
+            let keys = match change? {
+                Change::Unassign(keys) => keys,
+                Change::Poke(_) => {
+                    self.poking = false;
                     continue;
                 }
-                if !p.done && at < p.until {
-                    chunk.push_ref(record);
-                    p.next = at + 1;
-                    if p.next >= p.until {
-                        finish(p, &mut remaining);
+                Change::Assign(_) => continue,
+            };
+            for key in keys {
+                let left = match self.stopping.get_mut(&key) {
+                    Some(count) => {
+                        *count = count.saturating_sub(1);
+                        *count
                     }
-                } else {
-                    if !p.done {
-                        finish(p, &mut remaining);
-                    }
-                    carry[i].push_ref(record);
+                    None => 0,
+                };
+                if left > 0 {
+                    continue;
+                }
+                self.stopping.remove(&key);
+                if let Some(&i) = self.by_name.get(&key)
+                    && self.parts[i].fetch == Fetch::Stopping
+                {
+                    // Outdated by the unassignment: the poll drops them.
+                    while self.queues[i].0.poll(Duration::ZERO).is_some() {}
+                    self.parts[i].fetch = Fetch::Idle;
                 }
             }
         }
+        Ok(())
     }
-    drop(carried);
 
-    let mut last_progress = Instant::now();
-    // Reading the clock for every record cost 9% of a read (perf, `cargo xtask
-    // bench`); progress is noted here and timed only when the queues run dry.
-    let mut progressed = false;
-    while remaining > 0 {
-        signal.reset();
-        let mut polled = false;
-        for i in 0..pending.len() {
-            for _ in 0..BURST {
-                if pending[i].done {
+    /// Does what there is to do. Returns false when there was nothing, so that
+    /// the thread may sleep.
+    fn step(&mut self) -> bool {
+        let Some(consumer) = self.consumer.clone() else {
+            return false;
+        };
+        if let Err(e) = self.take_changes() {
+            self.fail(e);
+            return true;
+        }
+        let mut busy = self.hand_over();
+        busy |= self.take_buffered();
+        busy |= self.poll_queues(&consumer);
+        busy |= self.hand_over();
+        if let Some(read) = &mut self.read
+            && std::mem::take(&mut read.progressed)
+        {
+            read.last_progress = Instant::now();
+        }
+        self.flow();
+        // Also under load, as other partitions may keep the thread busy while the
+        // ones a read waits for give nothing.
+        if self.read.is_some() && (!busy || self.last_idle_check.elapsed() > POLL_INTERVAL) {
+            self.last_idle_check = Instant::now();
+            if let Err(e) = self.when_idle(&consumer) {
+                self.fail(e);
+                return true;
+            }
+        }
+        busy | self.complete()
+    }
+
+    /// Ends the read in progress with `error`. Its partitions start over at the
+    /// next read, as their place is uncertain.
+    fn fail(&mut self, error: KafkaSourceError) {
+        if let Some(read) = self.read.take() {
+            let _ = read.events.try_send(Err(error));
+        }
+        self.forget_all();
+    }
+
+    /// Forgets every partition, so that the next read starts afresh.
+    fn forget_all(&mut self) {
+        let fetching = self
+            .parts
+            .iter()
+            .filter(|p| matches!(p.fetch, Fetch::Fetching | Fetch::Paused))
+            .map(|p| (p.key(), p.fetch == Fetch::Paused))
+            .collect();
+        self.unassign(fetching);
+        self.parts.clear();
+        self.queues.clear();
+        self.by_name.clear();
+    }
+
+    /// Hands the full chunk over if the channel has room. Returns whether it did.
+    fn hand_over(&mut self) -> bool {
+        hand_over(&mut self.read)
+    }
+
+    /// Moves buffered records into the read's chunk. Returns whether any moved.
+    fn take_buffered(&mut self) -> bool {
+        let Some(read) = &mut self.read else {
+            return false;
+        };
+        let Read {
+            ranges,
+            remaining,
+            out,
+            progressed,
+            ..
+        } = read;
+        let mut moved = false;
+        for range in ranges.iter_mut().filter(|r| !r.done) {
+            let part = &mut self.parts[range.part];
+            while !range.done {
+                if finish_if_complete(range, part, remaining) {
+                    moved = true;
                     break;
                 }
-                let Some(queue) = &queues[i] else {
+                if !out.has_room() {
+                    out.seal();
+                    if !out.has_room() {
+                        return moved;
+                    }
+                }
+                let Some(record) = part.buffer.front() else {
                     break;
                 };
-                let Some(result) = queue.poll(Duration::ZERO) else {
+                part.start = record.offset().value() + 1;
+                out.chunk.push_ref(record);
+                part.buffer.pop_front();
+                moved = true;
+            }
+        }
+        *progressed |= moved;
+        moved
+    }
+
+    /// Polls the queue of every partition that is fetching and has messages,
+    /// and the consumer's own queue for librdkafka's events. Returns whether
+    /// anything arrived.
+    fn poll_queues(&mut self, consumer: &BaseConsumer<SourceContext>) -> bool {
+        let include_headers = self.client.config.include_headers;
+        let share = self.share();
+        let mut polled = false;
+        let mut now = None;
+        for i in 0..self.parts.len() {
+            // While the batch's reader is behind, nothing is polled: what it
+            // waits for stays queued in librdkafka, within its limits, rather
+            // than fill the buffers meant for the batches to come.
+            if self.read.as_ref().is_some_and(|r| r.out.ready.is_some()) {
+                break;
+            }
+            // A full partition is not polled: what is queued for it is dropped
+            // when it is unassigned, and fetched again when it is assigned.
+            let part = &self.parts[i];
+            if part.fetch != Fetch::Fetching
+                || part.full
+                || part.out_of_range
+                || !self.queues[i].1.swap(false, Ordering::Acquire)
+            {
+                continue;
+            }
+            for n in 0..=BURST {
+                if n == BURST {
+                    // More to come: this queue's turn comes again next step.
+                    self.queues[i].1.store(true, Ordering::Release);
+                    break;
+                }
+                let Some(result) = self.queues[i].0.poll(Duration::ZERO) else {
                     break;
                 };
                 polled = true;
+                self.stats.polled += 1;
                 match result {
                     Ok(message) => {
+                        self.parts[i].last_message = *now.get_or_insert_with(Instant::now);
                         take(
-                            &mut pending[i],
+                            &mut self.parts[i],
+                            self.read.as_mut(),
                             &message,
-                            &mut chunk,
-                            &mut carry[i],
                             include_headers,
-                            &mut remaining,
-                            &mut progressed,
+                            share,
                         );
-                        if full(&chunk) && !send(events, &mut chunk) {
-                            return Ok(None);
+                        if self.read.as_ref().is_some_and(|r| r.out.ready.is_some())
+                            && !hand_over(&mut self.read)
+                        {
+                            self.queues[i].1.store(true, Ordering::Release);
+                            break;
+                        }
+                        if self.parts[i].full {
+                            self.queues[i].1.store(true, Ordering::Release);
+                            break;
                         }
                     }
-                    Err(KafkaError::PartitionEOF(_)) => break,
+                    Err(KafkaError::PartitionEOF(_)) => {
+                        self.queues[i].1.store(true, Ordering::Release);
+                        break;
+                    }
                     Err(KafkaError::MessageConsumption(
                         RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
                     )) => {
-                        // Found by comparing every unfinished partition's position
-                        // with the watermarks, as librdkafka may not say which.
-                        let found = out_of_range(client, &pending)?;
-                        if client.config.fail_on_data_loss && !found.is_empty() {
-                            return Err(KafkaSourceError::DataLoss(found));
-                        }
-                        let skipped = !found.is_empty();
-                        for loss in found {
-                            skip_past(&mut pending, &index, &loss, &mut remaining);
-                            tracing::warn!(
-                                lost_offsets = loss.lost_offsets(),
-                                "{loss}; skipping ahead because fail_on_data_loss is false"
-                            );
-                            losses.push(loss);
-                        }
-                        if skipped && remaining > 0 {
-                            // After an out-of-range error librdkafka keeps the
-                            // partition in an error state that a seek cannot leave;
-                            // a fresh assignment restarts its fetcher.
-                            queues = assign(client, &consumer, &pending, &signal, false)?;
-                            reassigned = true;
-                        }
-                        last_progress = Instant::now();
+                        // Judged when a read needs the partition: the records
+                        // buffered before it come first.
+                        self.parts[i].out_of_range = true;
                         break;
                     }
                     Err(e) => {
                         // librdkafka retries transient broker errors itself and
-                        // reports them here too; the poll timeout catches a read
-                        // that never recovers.
+                        // reports them here too; the stall and poll timeouts
+                        // catch a partition that never recovers.
                         tracing::warn!(error = %e, "Kafka reported an error while reading; continuing");
+                        self.queues[i].1.store(true, Ordering::Release);
                         break;
                     }
                 }
             }
         }
-        // The shared queue serves librdkafka's callbacks; messages of these
-        // partitions only arrive there if they were queued before the split.
+        // Messages arrive here only for a partition whose queue was not split yet,
+        // which `plan_parts` prevents by splitting before it assigns.
         while let Some(result) = consumer.poll(Duration::ZERO) {
             match result {
-                Ok(message) => {
-                    if let Some(i) = index.find(&message) {
-                        take(
-                            &mut pending[i],
-                            &message,
-                            &mut chunk,
-                            &mut carry[i],
-                            include_headers,
-                            &mut remaining,
-                            &mut progressed,
-                        );
-                        if full(&chunk) && !send(events, &mut chunk) {
-                            return Ok(None);
-                        }
-                    }
-                }
+                Ok(message) => tracing::debug!(
+                    topic = message.topic(),
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    "a message outside the partition queues"
+                ),
                 Err(e) => tracing::debug!(error = %e, "Kafka event outside the partition queues"),
             }
         }
-        if polled || remaining == 0 {
-            continue;
-        }
-        // Nothing more right now: what is read so far goes on rather than wait.
-        if !chunk.is_empty() && !send(events, &mut chunk) {
-            return Ok(None);
-        }
-        if sync_positions(&consumer, &mut pending, &mut remaining)? {
-            progressed = true;
-        }
-        if std::mem::take(&mut progressed) {
-            last_progress = Instant::now();
-        }
-        if remaining > 0 && last_progress.elapsed() > poll_timeout {
-            let stuck = pending
-                .iter()
-                .find(|p| !p.done)
-                .map(|p| KafkaSourceError::PollTimeout {
-                    topic_partition: p.topic_partition(),
-                    from: offset(p.from),
-                    until: offset(p.until),
-                    reached: offset(p.next),
-                    timeout_ms: poll_timeout.as_millis(),
-                });
-            if let Some(error) = stuck {
-                return Err(error);
+        polled
+    }
+
+    /// Pauses the partitions whose buffers are full and resumes those whose
+    /// buffers drained to half; stops those whose offsets are out of range, and
+    /// assigns the others that need it at their next offsets.
+    fn flow(&mut self) {
+        let low_water = self.share() / 2;
+        let mut stop = Vec::new();
+        let mut start = Vec::new();
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (part, (_, ready)) in self.parts.iter_mut().zip(&self.queues) {
+            match part.fetch {
+                Fetch::Fetching | Fetch::Paused if part.out_of_range => {
+                    stop.push((part.key(), part.fetch == Fetch::Paused));
+                    part.fetch = Fetch::Stopping;
+                    part.full = false;
+                }
+                Fetch::Fetching if part.full => {
+                    pause.add_partition(&part.topic, part.partition);
+                    part.fetch = Fetch::Paused;
+                }
+                Fetch::Paused if part.buffer.bytes <= low_water => {
+                    resume.add_partition(&part.topic, part.partition);
+                    part.fetch = Fetch::Fetching;
+                    part.full = false;
+                    part.last_message = Instant::now();
+                    // The pause emptied the queue without librdkafka noting that
+                    // it was polled, so the queue may not announce new messages.
+                    ready.store(true, Ordering::Release);
+                }
+                Fetch::Idle if !part.out_of_range && part.buffer.bytes <= low_water => {
+                    start.push((part.key(), part.next));
+                    part.fetch = Fetch::Fetching;
+                    part.last_message = Instant::now();
+                }
+                _ => {}
             }
         }
-        if remaining > 0 {
-            signal.wait(POLL_INTERVAL);
+        if let Some(consumer) = &self.consumer {
+            if pause.count() > 0 {
+                self.stats.paused += pause.count() as u64;
+                self.shared
+                    .pauses
+                    .fetch_add(pause.count() as u64, Ordering::Relaxed);
+                if let Err(e) = consumer.pause(&pause) {
+                    tracing::warn!(error = %e, "pausing {} partitions", pause.count());
+                }
+                // The pause outdated what they queued: polling drops it now,
+                // instead of when librdkafka gets to it.
+                for (part, (queue, _)) in self.parts.iter().zip(&self.queues) {
+                    if part.fetch == Fetch::Paused && part.full {
+                        while queue.poll(Duration::ZERO).is_some() {}
+                    }
+                }
+            }
+            if resume.count() > 0 {
+                self.stats.resumed += resume.count() as u64;
+                if let Err(e) = consumer.resume(&resume) {
+                    tracing::warn!(error = %e, "resuming {} partitions", resume.count());
+                }
+                // Wakes the broker thread (see the module's documentation).
+                if let Some(first) = resume.elements().first() {
+                    self.poke = Some((Arc::from(first.topic()), first.partition()));
+                }
+            }
+        }
+        // One poke at a time; one more after it if partitions resumed meanwhile.
+        if !self.poking
+            && let (Some(assigner), Some(key)) = (&self.assigner, self.poke.take())
+        {
+            self.poking = true;
+            assigner.send(Change::Poke(key));
+        }
+        self.unassign(stop);
+        if !start.is_empty() {
+            self.stats.assigned += start.len() as u64;
+            if let Some(assigner) = &self.assigner {
+                assigner.send(Change::Assign(start));
+            }
         }
     }
-    if !chunk.is_empty() && !send(events, &mut chunk) {
-        return Ok(None);
+
+    /// With nothing arriving: takes positions past transaction markers, judges
+    /// out-of-range offsets, restarts stalled partitions, and times a read out
+    /// that makes no progress.
+    fn when_idle(
+        &mut self,
+        consumer: &BaseConsumer<SourceContext>,
+    ) -> Result<(), KafkaSourceError> {
+        let Some(read) = &mut self.read else {
+            return Ok(());
+        };
+        if read.remaining == 0 {
+            return Ok(());
+        }
+        // Positions past markers, for unfinished partitions with nothing queued.
+        let mut waiting = vec![false; self.parts.len()];
+        for range in read.ranges.iter().filter(|r| !r.done) {
+            let p = &self.parts[range.part];
+            waiting[range.part] =
+                p.fetch == Fetch::Fetching && !p.full && !p.out_of_range && p.buffer.is_empty();
+        }
+        if waiting.contains(&true) {
+            let positions = consumer
+                .position()
+                .map_err(|source| KafkaSourceError::Kafka {
+                    what: "reading consumer positions".to_owned(),
+                    source: Box::new(source),
+                })?;
+            for elem in positions.elements() {
+                let KafkaOffset::Offset(position) = elem.offset() else {
+                    continue;
+                };
+                let Some(&i) = self
+                    .by_name
+                    .get(&(Arc::from(elem.topic()), elem.partition()))
+                else {
+                    continue;
+                };
+                let part = &mut self.parts[i];
+                if !waiting[i] || position <= part.next {
+                    continue;
+                }
+                part.next = position;
+                if let Some(r) = part.range {
+                    let range = &mut read.ranges[r];
+                    part.start = part.start.max(position.min(range.until));
+                    if finish_if_complete(range, part, &mut read.remaining) {
+                        read.last_progress = Instant::now();
+                    }
+                }
+            }
+        }
+        self.judge_data_loss()?;
+        self.restart_stalled();
+        let Some(read) = &self.read else {
+            return Ok(());
+        };
+        let timeout = self.client.config.poll_timeout;
+        if read.remaining > 0
+            && read.last_progress.elapsed() > timeout
+            && let Some(range) = read.ranges.iter().find(|r| !r.done)
+        {
+            let part = &self.parts[range.part];
+            return Err(KafkaSourceError::PollTimeout {
+                topic_partition: part.topic_partition(),
+                from: offset(range.from),
+                until: offset(range.until),
+                reached: offset(part.start),
+                timeout_ms: timeout.as_millis(),
+            });
+        }
+        Ok(())
     }
-    if !reassigned && losses.is_empty() {
-        state.next = pending
+
+    /// Assigns afresh, at their next offsets, the partitions a read has waited for
+    /// longer than [`STALL`] that delivered nothing meanwhile.
+    fn restart_stalled(&mut self) {
+        let Some(read) = &self.read else {
+            return;
+        };
+        if read.last_progress.elapsed() < STALL {
+            return;
+        }
+        let mut stop = Vec::new();
+        for range in read.ranges.iter().filter(|r| !r.done) {
+            let part = &mut self.parts[range.part];
+            if part.fetch == Fetch::Fetching
+                && part.buffer.is_empty()
+                && !part.out_of_range
+                && part.last_message.elapsed() >= STALL
+            {
+                stop.push((part.key(), false));
+                part.fetch = Fetch::Stopping;
+            }
+        }
+        if stop.is_empty() {
+            return;
+        }
+        tracing::debug!(
+            partitions = stop.len(),
+            "assigning partitions afresh that a read waited for in vain"
+        );
+        self.stats.stalled += stop.len() as u64;
+        self.unassign(stop);
+    }
+
+    /// Judges the partitions a read needs whose next offsets librdkafka found out
+    /// of range, once their buffered records are taken: stops the read, or skips
+    /// ahead as `fail_on_data_loss` says.
+    fn judge_data_loss(&mut self) -> Result<(), KafkaSourceError> {
+        let Some(read) = &mut self.read else {
+            return Ok(());
+        };
+        let lost: Vec<usize> = read
+            .ranges
             .iter()
-            .map(|p| (p.topic.clone(), p.partition, p.until))
+            .filter(|r| !r.done)
+            .map(|r| r.part)
+            .filter(|&i| self.parts[i].out_of_range && self.parts[i].buffer.is_empty())
             .collect();
-        state.queues = queues;
-        state.carry = carry;
-        assigned.keep = true;
-    }
-    Ok(Some(losses))
-}
-
-/// Takes one polled message: into the chunk when it lies in its partition's
-/// range, into the carry when it lies beyond (a transaction marker took the
-/// range's last offsets); duplicates are dropped.
-fn take<M: Message>(
-    p: &mut Pending,
-    message: &M,
-    chunk: &mut RecordChunk,
-    carry: &mut RecordChunk,
-    include_headers: bool,
-    remaining: &mut usize,
-    progressed: &mut bool,
-) {
-    let at = message.offset();
-    if at < p.next {
-        return;
-    }
-    *progressed = true;
-    if !p.done && at < p.until {
-        push(chunk, message, &p.topic, include_headers);
-        p.next = at + 1;
-        if p.next >= p.until {
-            finish(p, remaining);
+        if lost.is_empty() {
+            return Ok(());
         }
-    } else {
-        if !p.done {
-            finish(p, remaining);
-        }
-        p.next = at + 1;
-        push(carry, message, &p.topic, include_headers);
-    }
-}
-
-fn full(chunk: &RecordChunk) -> bool {
-    chunk.len() >= CHUNK_RECORDS || chunk.byte_len() >= CHUNK_BYTES
-}
-
-fn new_chunk() -> RecordChunk {
-    RecordChunk::with_capacity(CHUNK_RECORDS, CHUNK_BYTES + 16 * 1024)
-}
-
-/// Hands `chunk` over and starts a new one. Returns false when nobody reads any
-/// more (the batch was abandoned).
-fn send(events: &Events, chunk: &mut RecordChunk) -> bool {
-    let full = std::mem::replace(chunk, new_chunk());
-    events.blocking_send(Ok(Event::Chunk(full))).is_ok()
-}
-
-fn offset(value: i64) -> Offset {
-    Offset::new(value).unwrap_or(Offset::ZERO)
-}
-
-fn kafka_error(what: &str, tp: &TopicPartition, source: KafkaError) -> KafkaSourceError {
-    KafkaSourceError::Kafka {
-        what: format!("{what} {tp}"),
-        source: Box::new(source),
-    }
-}
-
-/// Marks a partition done. It is not paused: pausing and resuming partitions
-/// between batches left one of them never fetching again under load (`cargo xtask
-/// bench`, 1 of about 100 batches). What a finished partition still delivers is
-/// kept for the next batch instead.
-fn finish(p: &mut Pending, remaining: &mut usize) {
-    p.done = true;
-    *remaining -= 1;
-}
-
-/// Advances each unfinished partition to the consumer's position, which moves
-/// past transaction markers and aborted records. Returns whether any moved.
-fn sync_positions(
-    consumer: &BaseConsumer<SourceContext>,
-    pending: &mut [Pending],
-    remaining: &mut usize,
-) -> Result<bool, KafkaSourceError> {
-    let positions = consumer
-        .position()
-        .map_err(|source| KafkaSourceError::Kafka {
-            what: "reading consumer positions".to_owned(),
-            source: Box::new(source),
-        })?;
-    let mut moved = false;
-    for elem in positions.elements() {
-        let KafkaOffset::Offset(position) = elem.offset() else {
-            continue;
-        };
-        let Some(p) = pending
-            .iter_mut()
-            .find(|p| !p.done && p.partition == elem.partition() && *p.topic == *elem.topic())
-        else {
-            continue;
-        };
-        if position > p.next {
-            p.next = position.min(p.until);
-            moved = true;
-        }
-        if position >= p.until {
-            finish(p, remaining);
-        }
-    }
-    Ok(moved)
-}
-
-/// The data loss behind an out-of-range error, found by comparing each unfinished
-/// partition's next offset with its watermarks now.
-fn out_of_range(client: &Client, pending: &[Pending]) -> Result<Vec<DataLoss>, KafkaSourceError> {
-    let unfinished: Vec<&Pending> = pending.iter().filter(|p| !p.done).collect();
-    let partitions = unfinished.iter().map(|p| p.topic_partition()).collect();
-    let earliest = client.list_offsets(&partitions, Position::Earliest)?;
-    let latest = client.list_offsets(&partitions, Position::Latest)?;
-    Ok(unfinished
-        .into_iter()
-        .filter_map(|p| {
-            let tp = p.topic_partition();
+        let partitions = lost
+            .iter()
+            .map(|&i| self.parts[i].topic_partition())
+            .collect();
+        let earliest = self.client.list_offsets(&partitions, Position::Earliest)?;
+        let latest = self.client.list_offsets(&partitions, Position::Latest)?;
+        let mut found = Vec::new();
+        for &i in &lost {
+            let part = &mut self.parts[i];
+            let tp = part.topic_partition();
             let marks = match (
                 earliest.get(&tp).copied().flatten(),
                 latest.get(&tp).copied().flatten(),
@@ -603,25 +1157,259 @@ fn out_of_range(client: &Client, pending: &[Pending]) -> Result<Vec<DataLoss>, K
                 }),
                 _ => None,
             };
-            classify_data_loss(&tp, Some(offset(p.next)), marks)
-        })
-        .collect())
+            match classify_data_loss(&tp, Some(offset(part.next)), marks) {
+                Some(loss) => found.push((i, loss)),
+                // Not lost after all (a leader change): fetch again.
+                None => part.out_of_range = false,
+            }
+        }
+        if self.client.config.fail_on_data_loss && !found.is_empty() {
+            return Err(KafkaSourceError::DataLoss(
+                found.into_iter().map(|(_, loss)| loss).collect(),
+            ));
+        }
+        for (i, loss) in found {
+            tracing::warn!(
+                lost_offsets = loss.lost_offsets(),
+                "{loss}; skipping ahead because fail_on_data_loss is false"
+            );
+            let part = &mut self.parts[i];
+            part.out_of_range = false;
+            if let Some(r) = part.range {
+                let range = &mut read.ranges[r];
+                match (&loss, loss.resume_at()) {
+                    (DataLoss::Purged { .. }, Some(resume)) if resume.value() < range.until => {
+                        part.next = resume.value();
+                        part.start = resume.value();
+                    }
+                    _ => {
+                        // Nothing of the range is left; the partition goes on
+                        // from wherever the next plan says.
+                        part.next = part.next.max(range.until);
+                        part.start = range.until;
+                        finish_if_complete(range, part, &mut read.remaining);
+                    }
+                }
+            }
+            read.losses.push(loss);
+            read.last_progress = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Ends the read once every range is done and every chunk handed over.
+    /// Returns whether it did.
+    fn complete(&mut self) -> bool {
+        let Some(read) = &mut self.read else {
+            return false;
+        };
+        if read.remaining > 0 {
+            return false;
+        }
+        if !read.out.chunk.is_empty() && read.out.ready.is_none() {
+            read.out.ready = Some(std::mem::replace(&mut read.out.chunk, new_chunk()));
+        }
+        if read.out.ready.is_some() {
+            self.hand_over();
+            return false;
+        }
+        let Some(read) = self.read.take() else {
+            return false;
+        };
+        let losses = read.losses;
+        match read.events.try_send(Ok(Event::Done(losses))) {
+            Ok(()) | Err(TrySendError::Closed(_)) => {}
+            Err(TrySendError::Full(done)) => {
+                // Chunks are still waiting to be taken: try again then.
+                let Ok(Event::Done(losses)) = done else {
+                    return false;
+                };
+                self.read = Some(Read { losses, ..read });
+                return false;
+            }
+        }
+        for part in &mut self.parts {
+            part.range = None;
+        }
+        let buffered: usize = self.parts.iter().map(|p| p.buffer.bytes).sum();
+        tracing::debug!(stats = ?self.stats, buffered, "read done");
+        true
+    }
 }
 
-/// Continues a partition after tolerated loss: from the earliest offset still
-/// there, or not at all when nothing of its range is left.
-fn skip_past(pending: &mut [Pending], index: &Index, loss: &DataLoss, remaining: &mut usize) {
-    let tp = loss.topic_partition();
-    let Some(i) = index.find_partition(&tp.topic, tp.partition) else {
-        return;
-    };
-    let p = &mut pending[i];
-    match (loss, loss.resume_at()) {
-        (DataLoss::Purged { .. }, Some(resume)) if resume.value() < p.until => {
-            p.next = resume.value();
-        }
-        _ => finish(p, remaining),
+/// One range of the read in progress.
+struct Range {
+    part: usize,
+    from: i64,
+    until: i64,
+    done: bool,
+}
+
+/// The read in progress.
+struct Read {
+    events: Events,
+    ranges: Vec<Range>,
+    remaining: usize,
+    out: Out,
+    losses: Vec<DataLoss>,
+    last_progress: Instant,
+    /// Records moved since `last_progress` was last set: reading the clock per
+    /// record cost 9% of a read.
+    progressed: bool,
+}
+
+/// The chunks of a read on their way out.
+struct Out {
+    /// Being filled.
+    chunk: RecordChunk,
+    /// Full, waiting for room in the channel.
+    ready: Option<RecordChunk>,
+}
+
+impl Out {
+    fn has_room(&self) -> bool {
+        self.chunk.len() < CHUNK_RECORDS && self.chunk.byte_len() < CHUNK_BYTES
     }
+
+    /// Moves a full chunk to the hand-over slot, if that is free.
+    fn seal(&mut self) {
+        if !self.has_room() && self.ready.is_none() {
+            self.ready = Some(std::mem::replace(&mut self.chunk, new_chunk()));
+        }
+    }
+}
+
+fn new_chunk() -> RecordChunk {
+    RecordChunk::with_capacity(CHUNK_RECORDS, CHUNK_BYTES + 16 * 1024)
+}
+
+/// Marks `range` done when its partition has nothing more to give it: the
+/// partition's next offset reached the range's end, or its first buffered
+/// record lies beyond it. Returns whether it did.
+fn finish_if_complete(range: &mut Range, part: &mut Part, remaining: &mut usize) -> bool {
+    if range.done {
+        return false;
+    }
+    let complete = part.start >= range.until
+        || part
+            .buffer
+            .front()
+            .is_some_and(|r| r.offset().value() >= range.until)
+        || (part.buffer.is_empty() && part.next >= range.until);
+    if complete {
+        range.done = true;
+        part.start = part.start.max(range.until);
+        *remaining -= 1;
+    }
+    complete
+}
+
+/// Hands the read's full chunk over if the channel has room, and forgets a read
+/// nobody reads any more. Returns whether it did either.
+fn hand_over(slot: &mut Option<Read>) -> bool {
+    let Some(read) = slot else {
+        return false;
+    };
+    read.out.seal();
+    let Some(chunk) = read.out.ready.take() else {
+        return false;
+    };
+    match read.events.try_send(Ok(Event::Chunk(chunk))) {
+        Ok(()) => {
+            read.out.seal();
+            true
+        }
+        Err(TrySendError::Full(Ok(Event::Chunk(chunk)))) => {
+            read.out.ready = Some(chunk);
+            false
+        }
+        Err(_) => {
+            // Nobody reads this batch any more.
+            *slot = None;
+            true
+        }
+    }
+}
+
+/// Takes one polled message of `part`: into the read's chunk when the read
+/// wants it next, else into the partition's buffer, which is then full if it
+/// holds its `share`.
+fn take<M: Message>(
+    part: &mut Part,
+    read: Option<&mut Read>,
+    message: &M,
+    include_headers: bool,
+    share: usize,
+) {
+    let at = message.offset();
+    if at < part.next {
+        return;
+    }
+    if let (Some(read), Some(r)) = (read, part.range) {
+        let Read {
+            ranges,
+            remaining,
+            out,
+            progressed,
+            ..
+        } = read;
+        let range = &mut ranges[r];
+        if !range.done && part.buffer.is_empty() {
+            if at >= range.until {
+                // Transaction markers or aborted records took the range's last
+                // offsets.
+                part.start = part.start.max(range.until);
+                finish_if_complete(range, part, remaining);
+            } else if out.has_room() {
+                push(&mut out.chunk, message, &part.topic, include_headers);
+                part.next = at + 1;
+                part.start = at + 1;
+                finish_if_complete(range, part, remaining);
+                *progressed = true;
+                out.seal();
+                return;
+            }
+        }
+    }
+    part.buffer
+        .push(message, &part.topic, include_headers, share);
+    part.next = at + 1;
+    part.full = part.buffer.bytes >= share;
+}
+
+/// A consumer for reading `partitions` partitions, each with a queue of its own.
+/// librdkafka's limits apply per partition queue, so they are shared out; they
+/// matter only while the thread is busy elsewhere, as it takes every message as
+/// soon as it arrives.
+fn create_consumer(
+    client: &Client,
+    partitions: usize,
+) -> Result<BaseConsumer<SourceContext>, KafkaSourceError> {
+    let mut config = client.reader_config.clone();
+    let options = &client.config.client_options;
+    let share = client.config.read_ahead_bytes / partitions.max(1);
+    // What librdkafka queues costs about four times what the buffers cost (its
+    // bookkeeping per message), and the reading thread takes it at once, so its
+    // queues stay short: an eighth of a share each, at most 512 KiB.
+    if !options.contains_key("queued.max.messages.kbytes") {
+        let kbytes = (share / 8 / 1024).clamp(1, 512);
+        config.set("queued.max.messages.kbytes", kbytes.to_string());
+    }
+    // `max.partition.fetch.bytes` stays at librdkafka's 1 MiB. Below the size of
+    // a record batch a fetch returns only part of it, and reading slowed down
+    // five to fifty times (1,024 partitions, 85 KB record batches, 32 KiB: 10 s
+    // instead of 1.5 s for one batch); above a partition's share, what does not
+    // fit is dropped and fetched again later.
+    config
+        .create_with_context(SourceContext)
+        .map_err(|source| KafkaSourceError::Client {
+            bootstrap: client.config.bootstrap_servers.clone(),
+            source: Box::new(source),
+        })
+}
+
+fn offset(value: i64) -> Offset {
+    Offset::new(value).unwrap_or(Offset::ZERO)
 }
 
 fn push<M: Message>(chunk: &mut RecordChunk, message: &M, topic: &Arc<str>, include_headers: bool) {

@@ -4,29 +4,53 @@
 //! the keys, values and headers of its records in one byte buffer, so that reading
 //! a record costs one copy and no allocation of its own.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use crate::{Header, Offset, Record, TimestampType};
 
-/// Where a key, value or header lies in a chunk's buffer; `None` for null.
-type Span = Option<Range<usize>>;
+/// Where a key, value or header lies in a chunk's buffer, or that it is null.
+///
+/// Offsets are `u32`: a chunk holds at most 4 GiB, and a record read from Kafka
+/// is smaller than 2 GiB. Keeping an entry small matters because a chunk is also
+/// the read-ahead buffer, where small records are many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    start: u32,
+    /// `u32::MAX` for null.
+    len: u32,
+}
+
+impl Span {
+    const NULL: Span = Span {
+        start: 0,
+        len: u32::MAX,
+    };
+
+    fn range(self) -> Option<std::ops::Range<usize>> {
+        (self.len != u32::MAX).then(|| self.start as usize..self.start as usize + self.len as usize)
+    }
+}
+
+/// `timestamp_ms` of a record without a timestamp.
+const NO_TIMESTAMP: i64 = i64::MIN;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Entry {
-    topic: usize,
+    topic: u32,
     partition: i32,
     offset: Offset,
-    timestamp_ms: Option<i64>,
+    timestamp_ms: i64,
     timestamp_type: TimestampType,
     key: Span,
     value: Span,
-    headers: Range<usize>,
+    /// The first of the record's headers in `headers`, and how many there are.
+    first_header: u32,
+    header_count: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct HeaderEntry {
-    key: Range<usize>,
+    key: Span,
     value: Span,
 }
 
@@ -79,11 +103,9 @@ impl RecordChunk {
         let topic = self.topic_index(topic);
         let key = self.copy(record.key);
         let value = self.copy(record.value);
-        let first_header = self.headers.len();
+        let first_header = index(self.headers.len());
         for (name, header_value) in headers {
-            let start = self.data.len();
-            self.data.extend_from_slice(name.as_bytes());
-            let key = start..self.data.len();
+            let key = self.copy(Some(name.as_bytes()));
             let value = self.copy(header_value);
             self.headers.push(HeaderEntry { key, value });
         }
@@ -91,11 +113,12 @@ impl RecordChunk {
             topic,
             partition: record.partition,
             offset: record.offset,
-            timestamp_ms: record.timestamp_ms,
+            timestamp_ms: record.timestamp_ms.unwrap_or(NO_TIMESTAMP),
             timestamp_type: record.timestamp_type,
             key,
             value,
-            headers: first_header..self.headers.len(),
+            first_header,
+            header_count: index(self.headers.len()) - first_header,
         });
     }
 
@@ -134,28 +157,37 @@ impl RecordChunk {
         );
     }
 
-    fn topic_index(&mut self, topic: &Arc<str>) -> usize {
+    fn topic_index(&mut self, topic: &Arc<str>) -> u32 {
         // Chunks hold one or a few topics, and mostly records of the one pushed last.
         if let Some(last) = self.topics.len().checked_sub(1)
             && (Arc::ptr_eq(&self.topics[last], topic) || self.topics[last] == *topic)
         {
-            return last;
+            return index(last);
         }
         match self.topics.iter().position(|t| t == topic) {
-            Some(i) => i,
+            Some(i) => index(i),
             None => {
                 self.topics.push(topic.clone());
-                self.topics.len() - 1
+                index(self.topics.len() - 1)
             }
         }
     }
 
     fn copy(&mut self, bytes: Option<&[u8]>) -> Span {
-        bytes.map(|b| {
-            let start = self.data.len();
-            self.data.extend_from_slice(b);
-            start..self.data.len()
-        })
+        match bytes {
+            None => Span::NULL,
+            Some(b) => {
+                let start = index(self.data.len());
+                let len = index(b.len());
+                // The end must fit too, and `u32::MAX` marks null.
+                assert!(
+                    u64::from(start) + u64::from(len) < u64::from(u32::MAX),
+                    "a RecordChunk holds at most 4 GiB"
+                );
+                self.data.extend_from_slice(b);
+                Span { start, len }
+            }
+        }
     }
 
     /// How many records the chunk holds.
@@ -171,6 +203,30 @@ impl RecordChunk {
     /// The bytes of keys, values and headers the chunk holds.
     pub fn byte_len(&self) -> usize {
         self.data.len()
+    }
+
+    /// The heap memory the chunk has taken, whether it holds records there yet
+    /// or not: what keeping it costs.
+    pub fn allocated_bytes(&self) -> usize {
+        self.data.capacity()
+            + self.entries.capacity() * std::mem::size_of::<Entry>()
+            + self.headers.capacity() * std::mem::size_of::<HeaderEntry>()
+            + self.topics.capacity() * std::mem::size_of::<Arc<str>>()
+    }
+
+    /// The record at `index`, in the order they were pushed.
+    pub fn get(&self, index: usize) -> Option<RecordRef<'_>> {
+        self.entries
+            .get(index)
+            .map(|entry| RecordRef { chunk: self, entry })
+    }
+
+    /// Forgets every record, keeping the memory for the next ones.
+    pub fn clear(&mut self) {
+        self.topics.clear();
+        self.entries.clear();
+        self.headers.clear();
+        self.data.clear();
     }
 
     /// The records, in the order they were pushed.
@@ -226,12 +282,12 @@ pub struct RecordRef<'a> {
 impl<'a> RecordRef<'a> {
     /// The record's topic.
     pub fn topic(&self) -> &'a str {
-        &self.chunk.topics[self.entry.topic]
+        &self.chunk.topics[self.entry.topic as usize]
     }
 
     /// The record's topic, shared.
     pub fn topic_arc(&self) -> &'a Arc<str> {
-        &self.chunk.topics[self.entry.topic]
+        &self.chunk.topics[self.entry.topic as usize]
     }
 
     /// The record's partition.
@@ -246,7 +302,7 @@ impl<'a> RecordRef<'a> {
 
     /// Epoch milliseconds, when the record has a timestamp.
     pub fn timestamp_ms(&self) -> Option<i64> {
-        self.entry.timestamp_ms
+        (self.entry.timestamp_ms != NO_TIMESTAMP).then_some(self.entry.timestamp_ms)
     }
 
     /// How the timestamp was set.
@@ -256,34 +312,50 @@ impl<'a> RecordRef<'a> {
 
     /// The key; `None` for a null key.
     pub fn key(&self) -> Option<&'a [u8]> {
-        self.bytes(&self.entry.key)
+        self.bytes(self.entry.key)
     }
 
     /// The value; `None` for a null value (a tombstone).
     pub fn value(&self) -> Option<&'a [u8]> {
-        self.bytes(&self.entry.value)
+        self.bytes(self.entry.value)
     }
 
     /// How many headers the record has.
     pub fn header_count(&self) -> usize {
-        self.entry.headers.len()
+        self.entry.header_count as usize
     }
 
     /// The headers as (name, value) pairs, in their order on the record.
     pub fn headers(&self) -> impl ExactSizeIterator<Item = (&'a str, Option<&'a [u8]>)> + 'a {
         let chunk = self.chunk;
-        chunk.headers[self.entry.headers.clone()]
+        let first = self.entry.first_header as usize;
+        chunk.headers[first..first + self.entry.header_count as usize]
             .iter()
             .map(move |h| {
                 // Names were copied from `&str`, so they are always UTF-8.
-                let name = std::str::from_utf8(&chunk.data[h.key.clone()]).unwrap_or_default();
-                (name, h.value.clone().map(|v| &chunk.data[v]))
+                let name = h
+                    .key
+                    .range()
+                    .and_then(|r| std::str::from_utf8(&chunk.data[r]).ok())
+                    .unwrap_or_default();
+                (name, h.value.range().map(|v| &chunk.data[v]))
             })
     }
 
-    fn bytes(&self, span: &Span) -> Option<&'a [u8]> {
+    /// The bytes of its key, value and headers: what the record adds to
+    /// [`RecordChunk::byte_len`].
+    pub fn byte_len(&self) -> usize {
+        let len = |span: Span| span.range().map_or(0, |r| r.len());
+        let headers: usize = self
+            .headers()
+            .map(|(name, value)| name.len() + value.map_or(0, <[u8]>::len))
+            .sum();
+        len(self.entry.key) + len(self.entry.value) + headers
+    }
+
+    fn bytes(&self, span: Span) -> Option<&'a [u8]> {
         let data: &'a [u8] = &self.chunk.data;
-        span.clone().map(|range| &data[range])
+        span.range().map(|range| &data[range])
     }
 
     /// The record as an owned [`Record`].
@@ -305,6 +377,11 @@ impl<'a> RecordRef<'a> {
                 .collect(),
         }
     }
+}
+
+/// A position in a chunk's vectors as `u32`; see [`Span`].
+fn index(i: usize) -> u32 {
+    u32::try_from(i).expect("a RecordChunk holds at most 4 GiB and 2^32 records")
 }
 
 #[cfg(test)]
@@ -363,6 +440,27 @@ mod tests {
         assert_eq!(
             third.headers().collect::<Vec<_>>(),
             vec![("trace", Some(&b"abc"[..])), ("empty", None)]
+        );
+    }
+
+    #[test]
+    fn records_are_found_by_index_and_sized() {
+        let mut chunk = RecordChunk::default();
+        for offset in 0..5 {
+            chunk.push_record(&record("a", 0, offset, Some("value")));
+        }
+        assert_eq!(chunk.get(3).unwrap().offset().value(), 3);
+        assert!(chunk.get(5).is_none());
+        let sizes: usize = chunk.iter().map(|r| r.byte_len()).sum();
+        assert_eq!(sizes, chunk.byte_len());
+        assert!(chunk.allocated_bytes() >= chunk.byte_len() + 5 * std::mem::size_of::<Entry>());
+        chunk.clear();
+        assert!(chunk.is_empty() && chunk.byte_len() == 0 && chunk.get(0).is_none());
+        // An entry is most of a small record's cost in the read-ahead.
+        assert!(
+            std::mem::size_of::<Entry>() <= 56,
+            "{}",
+            std::mem::size_of::<Entry>()
         );
     }
 

@@ -79,6 +79,8 @@ pub struct SourceSection {
     pub group_id: Option<String>,
     #[serde(default)]
     pub commit_progress: bool,
+    /// How many MiB of records the reader may hold ahead of the batches.
+    pub read_ahead_mb: Option<u64>,
     /// librdkafka options, passed through.
     #[serde(default)]
     pub kafka: BTreeMap<String, toml::Value>,
@@ -318,6 +320,13 @@ fn settings(config: Config) -> Result<Settings> {
     kafka.fail_on_data_loss = source.fail_on_data_loss;
     kafka.include_headers = source.include_headers;
     kafka.commit_progress = source.commit_progress;
+    if let Some(mb) = source.read_ahead_mb {
+        if mb == 0 {
+            bail!("read_ahead_mb must be at least 1");
+        }
+        kafka.read_ahead_bytes = usize::try_from(mb.saturating_mul(1024 * 1024))
+            .context("read_ahead_mb is too large for this machine")?;
+    }
     if let Some(ms) = source.poll_timeout_ms {
         kafka.poll_timeout = Duration::from_millis(ms);
     }
