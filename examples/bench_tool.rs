@@ -8,7 +8,7 @@
 //! - `consume <bootstrap> <topic>`: the baseline, a plain rdkafka consumer reading
 //!   every partition to its end with no processing, with the fetch settings Sluice
 //!   uses; prints JSON figures.
-//! - `chart <results.json> <out.svg>`: throughput per configuration, as SVG.
+//! - `chart <results.json> <out.svg> [title]`: a bar per configuration, as SVG.
 
 use std::time::{Duration, Instant};
 
@@ -53,7 +53,12 @@ fn main() -> Result<()> {
             batch_bytes.parse()?,
         ),
         ["consume", bootstrap, topic] => consume(bootstrap, topic),
-        ["chart", results, out] => chart(results, out),
+        ["chart", results, out] => chart(
+            results,
+            out,
+            "records per second (median), higher is better",
+        ),
+        ["chart", results, out, title] => chart(results, out, title),
         _ => bail!("usage: bench_tool fill|consume|chart ..."),
     }
 }
@@ -199,7 +204,9 @@ fn consume(bootstrap: &str, topic: &str) -> Result<()> {
     Ok(())
 }
 
-fn chart(results: &str, out: &str) -> Result<()> {
+/// Draws a bar per configuration of `results`, of its `records_per_second`
+/// median (which the partition sweep fills with a ratio).
+fn chart(results: &str, out: &str, title: &str) -> Result<()> {
     use plotters::prelude::*;
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(results)?)?;
     let rows: Vec<(String, f64)> = json["configurations"]
@@ -217,10 +224,7 @@ fn chart(results: &str, out: &str) -> Result<()> {
     let root = SVGBackend::new(out, (900, 60 + 40 * rows.len() as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "records per second (median), higher is better",
-            ("sans-serif", 18),
-        )
+        .caption(title, ("sans-serif", 18))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(260)
@@ -232,7 +236,13 @@ fn chart(results: &str, out: &str) -> Result<()> {
             SegmentValue::CenterOf(i) => rows.get(*i).map(|r| r.0.clone()).unwrap_or_default(),
             _ => String::new(),
         })
-        .x_label_formatter(&|x| format!("{:.0}k", x / 1000.0))
+        .x_label_formatter(&|x| {
+            if max > 100.0 {
+                format!("{:.0}k", x / 1000.0)
+            } else {
+                format!("{x:.1}")
+            }
+        })
         .draw()?;
     chart.draw_series(rows.iter().enumerate().map(|(i, (_, value))| {
         Rectangle::new(

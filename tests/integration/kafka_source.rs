@@ -636,7 +636,11 @@ async fn a_small_read_ahead_pauses_partitions_and_resumes_each_exactly_where_it_
         "the read-ahead filled and paused partitions ({} times)",
         source.read_ahead_pauses()
     );
-    assert_eq!(source.assignments(), 1, "every batch continued from the last");
+    assert_eq!(
+        source.assignments(),
+        1,
+        "every batch continued from the last"
+    );
     delete_topic(&topic).await;
 }
 

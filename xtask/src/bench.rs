@@ -110,7 +110,8 @@ struct Run {
     restart_ms: f64,
 }
 
-pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
+/// Builds the release `sluice` and `bench_tool`; returns their paths.
+pub fn build_release(root: &Path) -> Result<(PathBuf, PathBuf)> {
     cargo(
         root,
         &[
@@ -128,8 +129,14 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
         ],
     )?;
     let release = root.join("target").join("release");
-    let tool = release.join("examples").join("bench_tool");
-    let sluice = release.join("sluice");
+    Ok((
+        release.join("sluice"),
+        release.join("examples").join("bench_tool"),
+    ))
+}
+
+pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
+    let (sluice, tool) = build_release(root)?;
     let bootstrap = "127.0.0.1:9092";
     let topic = format!(
         "sluice-bench-{}p-{}r-{}b",
@@ -217,7 +224,7 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn slug(name: &str) -> String {
+pub fn slug(name: &str) -> String {
     name.chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect()
@@ -368,7 +375,7 @@ fn location_of(checkpoint_line: &str) -> String {
         .to_owned()
 }
 
-fn uuid_like() -> String {
+pub fn uuid_like() -> String {
     format!(
         "bench_{}_{}",
         std::process::id(),
@@ -410,10 +417,10 @@ fn measure_baseline(tool: &Path, bootstrap: &str, topic: &str) -> Result<Baselin
 }
 
 /// Samples the peak RSS of `child` until it exits; returns the highest, in KiB.
-fn watch_peak_rss(child: &mut std::process::Child) -> Result<u64> {
+pub fn watch_peak_rss(child: &mut std::process::Child) -> Result<u64> {
     let mut peak_rss_kib = 0;
     loop {
-        if let Some(kib) = peak_rss(child.id()) {
+        if let Some(kib) = peak_rss(child.id(), "VmHWM:") {
             peak_rss_kib = peak_rss_kib.max(kib);
         }
         if child.try_wait()?.is_some() {
@@ -423,21 +430,22 @@ fn watch_peak_rss(child: &mut std::process::Child) -> Result<u64> {
     }
 }
 
-/// The peak resident set size (VmHWM) of a running process, in KiB.
-fn peak_rss(pid: u32) -> Option<u64> {
+/// A memory figure of a running process from `/proc/<pid>/status`, in KiB:
+/// `VmHWM:` for the peak resident set size, `VmRSS:` for the current one.
+pub fn peak_rss(pid: u32, field: &str) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn percentile(mut values: Vec<f64>, q: f64) -> f64 {
+pub fn percentile(mut values: Vec<f64>, q: f64) -> f64 {
     values.sort_by(f64::total_cmp);
     if values.is_empty() {
         return f64::NAN;
@@ -473,7 +481,7 @@ fn summarise(configuration: &Configuration, runs: Vec<Run>) -> Value {
     })
 }
 
-fn write_markdown(path: &PathBuf, report: &Value) -> Result<()> {
+fn write_markdown(path: &Path, report: &Value) -> Result<()> {
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     let base = &report["baseline"];
     let mut table = format!(
@@ -516,11 +524,20 @@ fn write_markdown(path: &PathBuf, report: &Value) -> Result<()> {
         ));
     }
     table.push_str("\n![throughput per configuration](benchmarks-throughput.svg)\n");
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let (start, end) = ("<!-- bench:start -->", "<!-- bench:end -->");
-    let new = match (text.find(start), text.find(end)) {
-        (Some(s), Some(e)) if s < e => format!("{}{start}\n{table}{}", &text[..s], &text[e..]),
-        _ => format!("{text}\n{start}\n{table}{end}\n"),
+    replace_section(path, "bench", &table)
+}
+
+/// Replaces what lies between `<!-- NAME:start -->` and `<!-- NAME:end -->` in
+/// the file at `path` with `text`, or appends the section.
+pub fn replace_section(path: &Path, name: &str, text: &str) -> Result<()> {
+    let old = fs::read_to_string(path).unwrap_or_default();
+    let (start, end) = (
+        format!("<!-- {name}:start -->"),
+        format!("<!-- {name}:end -->"),
+    );
+    let new = match (old.find(&start), old.find(&end)) {
+        (Some(s), Some(e)) if s < e => format!("{}{start}\n{text}{}", &old[..s], &old[e..]),
+        _ => format!("{old}\n{start}\n{text}{end}\n"),
     };
     fs::write(path, new)?;
     println!("updated {}", path.display());

@@ -11,6 +11,7 @@
 //!   orders, and `sluice run` on `examples/demo.toml`.
 
 mod bench;
+mod bench_scale;
 mod cassandra;
 mod devenv;
 mod kafka;
@@ -42,6 +43,12 @@ Tasks:
   bench [--records N] [--partitions P] [--value-bytes B] [--runs R]
                 Sluice end to end against a plain rdkafka consumer on the same topic;
                 writes target/bench/results.json and docs/benchmarks.md
+  bench partitions [--records N] [--partitions 8,256,1024] [--runs R] [--batch-bytes B]
+                the same over several partition counts, at the default batch size and
+                10,000 offsets per trigger, with both stores: ratios and peak RSS
+  bench soak [--batches N] [--store filesystem|cassandra]
+                100,000 tiny batches: batch cost at the start and the end, checkpoint
+                size and RSS over time
   spark-compat  fetch Spark's jars (about 220 MB, once) and check that Spark and Sluice read each
                 other's checkpoints
 ";
@@ -90,10 +97,20 @@ fn run(args: &[String]) -> Result<()> {
         }),
         "spark-compat" => spark_compat(&root),
         "demo" => demo(&root, rest),
-        "bench" => {
-            let args = bench::BenchArgs::parse(rest)?;
-            with_dev_env(&root, || bench::bench(&root, &args))
-        }
+        "bench" => match rest.split_first() {
+            Some((mode, rest)) if mode == "partitions" => {
+                let args = bench_scale::SweepArgs::parse(rest)?;
+                with_dev_env(&root, || bench_scale::partitions(&root, &args))
+            }
+            Some((mode, rest)) if mode == "soak" => {
+                let args = bench_scale::SoakArgs::parse(rest)?;
+                with_dev_env(&root, || bench_scale::soak(&root, &args))
+            }
+            _ => {
+                let args = bench::BenchArgs::parse(rest)?;
+                with_dev_env(&root, || bench::bench(&root, &args))
+            }
+        },
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

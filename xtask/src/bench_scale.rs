@@ -1,0 +1,496 @@
+//! `cargo xtask bench partitions` and `cargo xtask bench soak`: how Sluice's
+//! memory and per-batch cost behave as partitions and batches grow.
+//!
+//! - `partitions`: 8, 256 and 1,024 partitions (and more when asked), each at
+//!   the default batch size and at 10,000 offsets per trigger, with the
+//!   filesystem checkpoint and the Cassandra store, every run paired with a run
+//!   of the raw consumer just before it. Ratios and peak RSS go to
+//!   `target/bench/partitions.json`, `docs/benchmarks.md` and
+//!   `docs/benchmarks-partitions.svg`.
+//! - `soak`: 100,000 tiny batches with `processing_time = "0"`, reporting the
+//!   batch cost at the start and at the end, the checkpoint's size and RSS over
+//!   time, into `target/bench/soak.json` and `docs/benchmarks.md`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::bench::{
+    build_release, median, peak_rss, percentile, replace_section, uuid_like, watch_peak_rss,
+};
+
+const BOOTSTRAP: &str = "127.0.0.1:9092";
+
+/// What `bench partitions` measures.
+pub struct SweepArgs {
+    pub records: u64,
+    pub partitions: Vec<u32>,
+    pub runs: usize,
+    /// The producer's `batch.size` when filling: it sets the size of the record
+    /// batches that a fetch returns whole.
+    pub batch_bytes: u64,
+}
+
+impl SweepArgs {
+    pub fn parse(args: &[String]) -> Result<SweepArgs> {
+        let mut parsed = SweepArgs {
+            records: 2_000_000,
+            partitions: vec![8, 256, 1024],
+            runs: 2,
+            batch_bytes: 16_384,
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+            let number = |v: &str| {
+                v.parse::<u64>()
+                    .with_context(|| format!("{flag} {v:?} is not a number"))
+            };
+            match flag.as_str() {
+                "--records" => parsed.records = number(value)?,
+                "--runs" => parsed.runs = usize::try_from(number(value)?)?.max(1),
+                "--batch-bytes" => parsed.batch_bytes = number(value)?,
+                "--partitions" => {
+                    parsed.partitions = value
+                        .split(',')
+                        .map(|p| Ok(u32::try_from(number(p.trim())?)?))
+                        .collect::<Result<_>>()?;
+                }
+                other => bail!(
+                    "unknown option {other}: use --records, --partitions 8,256,1024, --runs, \
+                     --batch-bytes"
+                ),
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+/// One run of the raw consumer.
+struct Raw {
+    seconds: f64,
+    peak_rss_kib: u64,
+}
+
+fn raw(tool: &Path, topic: &str) -> Result<Raw> {
+    let started = Instant::now();
+    let mut child = Command::new(tool)
+        .args(["consume", BOOTSTRAP, topic])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let peak_rss_kib = watch_peak_rss(&mut child)?;
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!(
+            "the raw consumer failed on {topic}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(Raw {
+        seconds: started.elapsed().as_secs_f64(),
+        peak_rss_kib,
+    })
+}
+
+/// A `[checkpoint]` table: a directory in `dir`, or a new Cassandra query.
+fn checkpoint(cassandra: bool, dir: &Path) -> String {
+    if cassandra {
+        format!(
+            "location = \"cassandra://127.0.0.1:9042/sluice_bench?query={}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"",
+            uuid_like()
+        )
+    } else {
+        format!("location = \"{}\"", dir.join("checkpoint").display())
+    }
+}
+
+/// Writes a query reading `topic` from the start to the discard sink.
+fn query(
+    dir: &Path,
+    topic: &str,
+    source_extra: &str,
+    store: &str,
+    trigger: &str,
+) -> Result<PathBuf> {
+    let config = dir.join("query.toml");
+    fs::write(
+        &config,
+        format!(
+            "[source]\nbootstrap_servers = \"{BOOTSTRAP}\"\nsubscribe = [\"{topic}\"]\n\
+             starting_offsets = \"earliest\"\n{source_extra}\n\n[checkpoint]\n{store}\n\n\
+             [trigger]\n{trigger}\n\n[sink]\ntype = \"discard\"\n\n[progress]\nfile = \"{}\"\n",
+            dir.join("progress.jsonl").display()
+        ),
+    )?;
+    Ok(config)
+}
+
+fn fresh_dir(path: PathBuf) -> Result<PathBuf> {
+    if path.exists() {
+        fs::remove_dir_all(&path)?;
+    }
+    fs::create_dir_all(&path)?;
+    Ok(path)
+}
+
+fn progress_lines(dir: &Path) -> Vec<Value> {
+    fs::read_to_string(dir.join("progress.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+pub fn partitions(root: &Path, args: &SweepArgs) -> Result<()> {
+    let (sluice, tool) = build_release(root)?;
+    let work = root.join("target").join("bench");
+    let mut rows = Vec::new();
+    for &partitions in &args.partitions {
+        let topic = format!(
+            "sluice-sweep-{partitions}p-{}r-{}b",
+            args.records, args.batch_bytes
+        );
+        let status = Command::new(&tool)
+            .args(["fill", BOOTSTRAP, &topic])
+            .arg(partitions.to_string())
+            .arg(args.records.to_string())
+            .arg("100")
+            .arg(args.batch_bytes.to_string())
+            .status()
+            .context("running bench_tool fill")?;
+        if !status.success() {
+            bail!("filling {topic} failed");
+        }
+        for cassandra in [false, true] {
+            for max in [None, Some(10_000_u64)] {
+                let name = format!(
+                    "{partitions} partitions, {}, {}",
+                    if cassandra { "cassandra" } else { "filesystem" },
+                    max.map_or("default".to_owned(), |m| format!("{}k/trigger", m / 1000))
+                );
+                let mut ratios = Vec::new();
+                let mut rss = Vec::new();
+                let mut raw_rss = Vec::new();
+                for run in 0..args.runs {
+                    let base = raw(&tool, &topic)?;
+                    let dir = fresh_dir(
+                        work.join("sweep")
+                            .join(crate::bench::slug(&name))
+                            .join(run.to_string()),
+                    )?;
+                    let extra = max
+                        .map(|m| format!("max_offsets_per_trigger = {m}"))
+                        .unwrap_or_default();
+                    let config = query(
+                        &dir,
+                        &topic,
+                        &extra,
+                        &checkpoint(cassandra, &dir),
+                        "available_now = true",
+                    )?;
+                    let started = Instant::now();
+                    let mut child = Command::new(&sluice)
+                        .args(["run", "--config"])
+                        .arg(&config)
+                        .env("SLUICE_LOG", "warn")
+                        .stdout(Stdio::null())
+                        .spawn()?;
+                    let peak = watch_peak_rss(&mut child)?;
+                    let status = child.wait()?;
+                    let seconds = started.elapsed().as_secs_f64();
+                    if !status.success() {
+                        bail!(
+                            "sluice run failed for {name} ({status}); see {}",
+                            config.display()
+                        );
+                    }
+                    let read: f64 = progress_lines(&dir)
+                        .iter()
+                        .map(|p| p["numInputRows"].as_f64().unwrap_or(0.0))
+                        .sum();
+                    if read as u64 != args.records {
+                        bail!("{name}: read {read} records of {}", args.records);
+                    }
+                    let ratio = base.seconds / seconds;
+                    println!(
+                        "{name} run {run}: {seconds:.2} s, x{ratio:.2} of the raw consumer's {:.2} s; peak RSS {} MiB (raw {} MiB)",
+                        base.seconds,
+                        peak / 1024,
+                        base.peak_rss_kib / 1024
+                    );
+                    ratios.push(ratio);
+                    rss.push(peak as f64 / 1024.0);
+                    raw_rss.push(base.peak_rss_kib as f64 / 1024.0);
+                }
+                rows.push(json!({
+                    "name": name,
+                    "partitions": partitions,
+                    "store": if cassandra { "cassandra" } else { "filesystem" },
+                    "max_offsets_per_trigger": max,
+                    "ratio_to_raw": median(ratios.clone()),
+                    "ratios": ratios,
+                    "peak_rss_mib": median(rss.clone()),
+                    "peak_rss_mib_all": rss,
+                    "raw_peak_rss_mib": median(raw_rss),
+                    // For the chart, which plots this field.
+                    "records_per_second": {"median": median(ratios)},
+                }));
+            }
+        }
+    }
+    let command = format!(
+        "cargo xtask bench partitions --records {} --partitions {} --runs {} --batch-bytes {}",
+        args.records,
+        args.partitions
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        args.runs,
+        args.batch_bytes
+    );
+    let report = json!({"command": command, "configurations": rows});
+    let results = work.join("partitions.json");
+    fs::write(&results, serde_json::to_string_pretty(&report)?)?;
+    let chart = root.join("docs").join("benchmarks-partitions.svg");
+    let status = Command::new(&tool)
+        .args(["chart"])
+        .arg(&results)
+        .arg(&chart)
+        .arg("ratio to the raw consumer in the same run (median), higher is better")
+        .status()?;
+    if !status.success() {
+        bail!("drawing the chart failed");
+    }
+    let mut table = format!(
+        "Measured with `{command}`: {} records of 100 bytes per topic, written with a producer \
+         `batch.size` of {} bytes, the discard sink, `available_now`. Each ratio is the raw \
+         consumer's wall time over Sluice's, each Sluice run paired with a raw run just before \
+         it; medians over the runs.\n\n\
+         | configuration | ratio to raw | Sluice peak RSS MiB | raw peak RSS MiB |\n\
+         | --- | --- | --- | --- |\n",
+        args.records, args.batch_bytes
+    );
+    for row in report["configurations"].as_array().into_iter().flatten() {
+        let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+        table.push_str(&format!(
+            "| {} | {:.2} | {:.0} | {:.0} |\n",
+            row["name"].as_str().unwrap_or_default(),
+            f(&row["ratio_to_raw"]),
+            f(&row["peak_rss_mib"]),
+            f(&row["raw_peak_rss_mib"]),
+        ));
+    }
+    table.push_str(
+        "\n![ratio to the raw consumer per partition count](benchmarks-partitions.svg)\n",
+    );
+    replace_section(
+        &root.join("docs").join("benchmarks.md"),
+        "partitions",
+        &table,
+    )?;
+    Ok(())
+}
+
+/// What `bench soak` measures.
+pub struct SoakArgs {
+    pub batches: u64,
+    pub cassandra: bool,
+}
+
+impl SoakArgs {
+    pub fn parse(args: &[String]) -> Result<SoakArgs> {
+        let mut parsed = SoakArgs {
+            batches: 100_000,
+            cassandra: false,
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+            match flag.as_str() {
+                "--batches" => {
+                    parsed.batches = value
+                        .parse()
+                        .with_context(|| format!("--batches {value:?} is not a number"))?;
+                }
+                "--store" => {
+                    parsed.cassandra = match value.as_str() {
+                        "filesystem" | "fs" => false,
+                        "cassandra" => true,
+                        other => bail!("--store {other:?}: use filesystem or cassandra"),
+                    };
+                }
+                other => {
+                    bail!("unknown option {other}: use --batches N, --store filesystem|cassandra")
+                }
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+/// The size of the files under `dir`, in bytes.
+fn size_of(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => size_of(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+pub fn soak(root: &Path, args: &SoakArgs) -> Result<()> {
+    let (sluice, tool) = build_release(root)?;
+    // Eight partitions and eight offsets per trigger: one record per partition
+    // per batch.
+    const PARTITIONS: u64 = 8;
+    let records = args.batches * PARTITIONS;
+    let topic = format!("sluice-soak-{PARTITIONS}p-{records}r");
+    let status = Command::new(&tool)
+        .args(["fill", BOOTSTRAP, &topic])
+        .arg(PARTITIONS.to_string())
+        .arg(records.to_string())
+        .arg("100")
+        .status()
+        .context("running bench_tool fill")?;
+    if !status.success() {
+        bail!("filling {topic} failed");
+    }
+    let store_name = if args.cassandra {
+        "cassandra"
+    } else {
+        "filesystem"
+    };
+    let dir = fresh_dir(
+        root.join("target")
+            .join("bench")
+            .join("soak")
+            .join(store_name),
+    )?;
+    let config = query(
+        &dir,
+        &topic,
+        &format!("max_offsets_per_trigger = {PARTITIONS}"),
+        &checkpoint(args.cassandra, &dir),
+        "processing_time = \"0\"",
+    )?;
+    let started = Instant::now();
+    let mut child = Command::new(&sluice)
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()?;
+    let progress = dir.join("progress.jsonl");
+    let mut samples = Vec::new();
+    let mut last_sample = Instant::now() - Duration::from_secs(10);
+    let batches = loop {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "sluice run ended early ({status}); see {}",
+                config.display()
+            );
+        }
+        let done = fs::read(&progress)
+            .map(|b| b.iter().filter(|c| **c == b'\n').count() as u64)
+            .unwrap_or(0);
+        if last_sample.elapsed() >= Duration::from_secs(5) || done >= args.batches {
+            last_sample = Instant::now();
+            let rss = peak_rss(child.id(), "VmRSS:").unwrap_or(0);
+            let checkpoint = size_of(&dir.join("checkpoint"));
+            println!(
+                "{done} batches after {:.0} s: RSS {} MiB, checkpoint {} KiB",
+                started.elapsed().as_secs_f64(),
+                rss / 1024,
+                checkpoint / 1024
+            );
+            samples.push(json!({
+                "seconds": started.elapsed().as_secs_f64(),
+                "batches": done,
+                "rss_mib": rss as f64 / 1024.0,
+                "checkpoint_kib": checkpoint as f64 / 1024.0,
+            }));
+        }
+        if done >= args.batches {
+            break done;
+        }
+        sleep(Duration::from_millis(200));
+    };
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("sluice run did not stop cleanly ({status})");
+    }
+    let lines = progress_lines(&dir);
+    let window = (lines.len() / 100).clamp(100, 1000);
+    let cost = |slice: &[Value]| {
+        let micros: Vec<f64> = slice
+            .iter()
+            .filter_map(|p| p["durationMicros"]["triggerExecution"].as_f64())
+            .map(|us| us / 1000.0)
+            .collect();
+        json!({"p50_ms": percentile(micros.clone(), 0.5), "p99_ms": percentile(micros, 0.99)})
+    };
+    let first = cost(&lines[..window.min(lines.len())]);
+    let last = cost(&lines[lines.len().saturating_sub(window)..]);
+    let report = json!({
+        "command": format!("cargo xtask bench soak --batches {} --store {store_name}", args.batches),
+        "batches": batches,
+        "window": window,
+        "first": first,
+        "last": last,
+        "samples": samples,
+    });
+    let work = root.join("target").join("bench");
+    fs::write(
+        work.join(format!("soak-{store_name}.json")),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let rss: Vec<f64> = samples.iter().map(|s| f(&s["rss_mib"])).collect();
+    let sizes: Vec<f64> = samples.iter().map(|s| f(&s["checkpoint_kib"])).collect();
+    let at = |v: &[f64], q: f64| {
+        v.get(((v.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let text = format!(
+        "`{}`: {batches} batches of one record per partition over {PARTITIONS} partitions, \
+         `processing_time = \"0\"`, the discard sink, retention of the default 100 batches.\n\n\
+         | | first {window} batches | last {window} batches |\n| --- | --- | --- |\n\
+         | batch cost p50 / p99 ms | {:.2} / {:.2} | {:.2} / {:.2} |\n\n\
+         RSS at 10%, 50% and 100% of the run: {:.0} / {:.0} / {:.0} MiB. Checkpoint size (the \
+         directory; Cassandra keeps its log in its own files) at the same points: {:.0} / {:.0} / \
+         {:.0} KiB.\n",
+        report["command"].as_str().unwrap_or_default(),
+        f(&first["p50_ms"]),
+        f(&first["p99_ms"]),
+        f(&last["p50_ms"]),
+        f(&last["p99_ms"]),
+        at(&rss, 0.1),
+        at(&rss, 0.5),
+        at(&rss, 1.0),
+        at(&sizes, 0.1),
+        at(&sizes, 0.5),
+        at(&sizes, 1.0),
+    );
+    replace_section(
+        &root.join("docs").join("benchmarks.md"),
+        &format!("soak-{store_name}"),
+        &text,
+    )?;
+    Ok(())
+}
