@@ -319,7 +319,7 @@ async fn starts_by_timestamp_specific_offsets_and_committed_group_offsets() {
 }
 
 async fn start_at(
-    partitions: &BTreeMap<TopicPartition, sluice_offsets::Watermarks>,
+    partitions: &BTreeMap<TopicPartition, sluice_offsets::OffsetBounds>,
     source: &mut KafkaSource,
     starting: StartingOffsets,
 ) -> Result<PartitionOffsets, KafkaSourceError> {

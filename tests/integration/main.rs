@@ -7,4 +7,5 @@ mod kafka_smoke;
 mod kafka_source;
 mod runner;
 mod spark_checkpoint;
+mod sql;
 mod store_suite;

@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use rdkafka::admin::AdminOptions;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
@@ -13,37 +12,7 @@ use sluice_tests::kafka::{
     TIMEOUT, admin, create_topic, delete_topic, numbered, produce, producer,
 };
 
-/// The `sluice` binary, built once per test run.
-fn sluice() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .args(["build", "-q", "-p", "sluice-runner", "--bin", "sluice"])
-            .current_dir(&root)
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "building sluice failed");
-        let target = std::env::var("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| root.join("target"));
-        target.join("debug").join("sluice")
-    })
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(sluice())
-        .args(args)
-        .env_remove("SLUICE_BOOTSTRAP_SERVERS")
-        .env_remove("SLUICE_CHECKPOINT_LOCATION")
-        .output()
-        .expect("running sluice")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
+use sluice_tests::process::{Lcg, run, sluice, stderr};
 
 struct Job {
     dir: tempfile::TempDir,
@@ -442,19 +411,6 @@ fn keep_producing(
     })
 }
 
-/// A small deterministic generator, so a failing run can be repeated from its seed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next_below(&mut self, bound: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % bound
-    }
-}
-
 /// Kills `sluice run` with SIGKILL at 12 random moments while a producer writes,
 /// restarts it each time, and checks the output after a final catch-up run.
 async fn crash_repeatedly(job: Job) {
@@ -463,12 +419,7 @@ async fn crash_repeatedly(job: Job) {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer_task = keep_producing(topic.clone(), 4, stop.clone());
 
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    println!("crash test seed {seed}");
-    let mut random = Lcg(seed);
+    let mut random = Lcg::from_clock("crash test");
     let streaming = job.config_with("", "processing_time = \"0s\"");
     for kill in 0..12 {
         let mut child = Command::new(sluice())

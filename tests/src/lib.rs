@@ -6,6 +6,7 @@
 //! (comma-separated `host:port` pairs) to test against others.
 
 pub mod kafka;
+pub mod process;
 
 /// Environment variable naming the Kafka bootstrap servers to test against.
 pub const KAFKA_BOOTSTRAP_VAR: &str = "SLUICE_KAFKA_BOOTSTRAP";

@@ -100,9 +100,11 @@ fn executor_knows_only_the_traits() {
         "sluice-kafka-source",
         "sluice-checkpoint-fs",
         "sluice-cassandra-store",
+        "sluice-sql",
         "sluice-runner",
         "rdkafka",
         "scylla",
+        "datafusion",
     ];
     for dep in dependencies(&manifest_of("sluice-executor")) {
         assert!(
@@ -125,6 +127,53 @@ fn implementations_depend_only_on_the_model_among_our_crates() {
                 "{name} may depend on sluice-offsets only among our crates, not on {dep}"
             );
         }
+    }
+}
+
+#[test]
+fn the_sql_engine_computes_and_does_no_io() {
+    for dep in dependencies(&manifest_of("sluice-sql")) {
+        assert!(
+            !dep.starts_with("sluice-") || dep == "sluice-offsets",
+            "sluice-sql may depend on sluice-offsets only among our crates, not on {dep}"
+        );
+        assert!(
+            !["tokio", "rdkafka", "scylla", "object_store"].contains(&dep.as_str()),
+            "sluice-sql computes and does no I/O, so it must not depend on {dep}"
+        );
+    }
+    for file in rust_files(&root().join("crates/sql/src")) {
+        let text = fs::read_to_string(&file).expect("readable source");
+        for needle in [
+            "std::fs",
+            "std::net",
+            "std::process",
+            "tokio::",
+            "register_csv",
+            "register_json",
+            "register_parquet",
+            "read_csv",
+            "read_json",
+        ] {
+            // Tests may name tokio for their runtime.
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            assert!(
+                !code.contains(needle),
+                "{} uses {needle}, but sluice-sql does no I/O",
+                file.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_runner_talks_to_stores_through_their_crates() {
+    for dep in dependencies(&manifest_of("sluice-runner")) {
+        assert!(
+            !["scylla", "rdkafka", "datafusion"].contains(&dep.as_str()),
+            "sluice-runner wires our crates together and names their options in our own types, \
+             so it must not depend on {dep}"
+        );
     }
 }
 

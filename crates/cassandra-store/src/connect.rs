@@ -73,31 +73,124 @@ impl Connection {
     }
 }
 
+/// A consistency level of reads and writes, as CQL names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consistency {
+    /// `ANY`.
+    Any,
+    /// `ONE`.
+    One,
+    /// `TWO`.
+    Two,
+    /// `THREE`.
+    Three,
+    /// `QUORUM`.
+    Quorum,
+    /// `ALL`.
+    All,
+    /// `LOCAL_QUORUM`, the default.
+    LocalQuorum,
+    /// `EACH_QUORUM`.
+    EachQuorum,
+    /// `LOCAL_ONE`.
+    LocalOne,
+}
+
+impl Consistency {
+    pub(crate) fn driver(self) -> scylla::statement::Consistency {
+        use scylla::statement::Consistency as C;
+        match self {
+            Consistency::Any => C::Any,
+            Consistency::One => C::One,
+            Consistency::Two => C::Two,
+            Consistency::Three => C::Three,
+            Consistency::Quorum => C::Quorum,
+            Consistency::All => C::All,
+            Consistency::LocalQuorum => C::LocalQuorum,
+            Consistency::EachQuorum => C::EachQuorum,
+            Consistency::LocalOne => C::LocalOne,
+        }
+    }
+}
+
+/// The consistency of lightweight transactions' Paxos phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SerialConsistency {
+    /// `SERIAL`: across data centres.
+    Serial,
+    /// `LOCAL_SERIAL`, the default.
+    LocalSerial,
+}
+
+impl SerialConsistency {
+    pub(crate) fn driver(self) -> scylla::statement::SerialConsistency {
+        match self {
+            SerialConsistency::Serial => scylla::statement::SerialConsistency::Serial,
+            SerialConsistency::LocalSerial => scylla::statement::SerialConsistency::LocalSerial,
+        }
+    }
+}
+
 /// Reads a consistency level as CQL writes it (`LOCAL_QUORUM`, `QUORUM`, `ONE`, ...).
-pub fn parse_consistency(text: &str) -> Option<scylla::statement::Consistency> {
-    use scylla::statement::Consistency as C;
+pub fn parse_consistency(text: &str) -> Option<Consistency> {
     Some(match text.to_ascii_uppercase().as_str() {
-        "ANY" => C::Any,
-        "ONE" => C::One,
-        "TWO" => C::Two,
-        "THREE" => C::Three,
-        "QUORUM" => C::Quorum,
-        "ALL" => C::All,
-        "LOCAL_QUORUM" => C::LocalQuorum,
-        "EACH_QUORUM" => C::EachQuorum,
-        "LOCAL_ONE" => C::LocalOne,
+        "ANY" => Consistency::Any,
+        "ONE" => Consistency::One,
+        "TWO" => Consistency::Two,
+        "THREE" => Consistency::Three,
+        "QUORUM" => Consistency::Quorum,
+        "ALL" => Consistency::All,
+        "LOCAL_QUORUM" => Consistency::LocalQuorum,
+        "EACH_QUORUM" => Consistency::EachQuorum,
+        "LOCAL_ONE" => Consistency::LocalOne,
         _ => return None,
     })
 }
 
 /// Reads a serial consistency level: `SERIAL` or `LOCAL_SERIAL`.
-pub fn parse_serial_consistency(text: &str) -> Option<scylla::statement::SerialConsistency> {
-    use scylla::statement::SerialConsistency as S;
+pub fn parse_serial_consistency(text: &str) -> Option<SerialConsistency> {
     match text.to_ascii_uppercase().as_str() {
-        "SERIAL" => Some(S::Serial),
-        "LOCAL_SERIAL" => Some(S::LocalSerial),
+        "SERIAL" => Some(SerialConsistency::Serial),
+        "LOCAL_SERIAL" => Some(SerialConsistency::LocalSerial),
         _ => None,
     }
+}
+
+/// Reads the offsets a table of yours holds, with columns `topic`, `partition`
+/// and `offset` (the next offset to read), as the usual Spark-to-Cassandra
+/// recipe keeps them; `table` is `keyspace.table`.
+pub async fn read_offsets_table(
+    nodes: &[String],
+    table: &str,
+) -> Result<sluice_offsets::PartitionOffsets, CassandraStoreError> {
+    let session = Connection::new(nodes.to_vec()).session().await?;
+    let what = || format!("reading topic, partition, offset from {table}");
+    let rows = session
+        .query_unpaged(format!("SELECT topic, partition, offset FROM {table}"), ())
+        .await
+        .map_err(crate::error::query_error(what()))?
+        .into_rows_result()
+        .map_err(crate::error::query_error(what()))?;
+    let mut offsets = sluice_offsets::PartitionOffsets::new();
+    let typed = rows
+        .rows::<(String, i32, i64)>()
+        .map_err(|e| CassandraStoreError::Damaged {
+            entry: table.to_owned(),
+            problem: format!("it must have columns topic text, partition int, offset bigint: {e}"),
+        })?;
+    for row in typed {
+        let (topic, partition, offset) = row.map_err(crate::error::query_error(what()))?;
+        let offset =
+            sluice_offsets::Offset::new(offset).ok_or_else(|| CassandraStoreError::Damaged {
+                entry: table.to_owned(),
+                problem: format!("{topic}-{partition} has a negative offset {offset}"),
+            })?;
+        offsets.insert(
+            sluice_offsets::TopicPartition::new(topic, partition),
+            offset,
+        );
+    }
+    Ok(offsets)
 }
 
 #[cfg(test)]
@@ -108,16 +201,13 @@ mod tests {
     fn reads_consistency_levels_as_cql_names_them() {
         assert_eq!(
             parse_consistency("local_quorum"),
-            Some(scylla::statement::Consistency::LocalQuorum)
+            Some(Consistency::LocalQuorum)
         );
-        assert_eq!(
-            parse_consistency("QUORUM"),
-            Some(scylla::statement::Consistency::Quorum)
-        );
+        assert_eq!(parse_consistency("QUORUM"), Some(Consistency::Quorum));
         assert_eq!(parse_consistency("most"), None);
         assert_eq!(
             parse_serial_consistency("SERIAL"),
-            Some(scylla::statement::SerialConsistency::Serial)
+            Some(SerialConsistency::Serial)
         );
         assert_eq!(parse_serial_consistency("QUORUM"), None);
     }

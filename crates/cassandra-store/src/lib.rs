@@ -20,7 +20,10 @@ mod location;
 mod sink;
 mod store;
 
-pub use connect::{Connection, parse_consistency, parse_serial_consistency};
+pub use connect::{
+    Connection, Consistency, SerialConsistency, parse_consistency, parse_serial_consistency,
+    read_offsets_table,
+};
 pub use error::{CassandraStoreError, DriverError};
 pub use location::CassandraLocation;
 pub use sink::{CassandraSink, CassandraSinkConfig, Field};

@@ -1,5 +1,6 @@
 //! The `cassandra` sink: each record becomes one upsert, its columns mapped from
-//! the record by configuration.
+//! the record by configuration; or each row of a query, its columns mapped by
+//! name.
 //!
 //! Exactly once in effect: a batch replayed after a crash writes the same rows
 //! with the same primary keys, which Cassandra upserts to the same values.
@@ -8,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use scylla::client::session::Session;
-use scylla::statement::Consistency;
+
 use scylla::statement::prepared::PreparedStatement;
 use serde_json::{Map, Value};
 use sluice_offsets::{BatchId, OffsetRange, RecordChunk, RecordRef, Sink};
@@ -70,15 +71,20 @@ pub struct CassandraSinkConfig {
     pub keyspace: String,
     /// The table, whose primary key the user chose.
     pub table: String,
-    /// Target column → where its value comes from.
+    /// Target column → where its value comes from, for records as read.
     pub columns: BTreeMap<String, Field>,
+    /// Target column → the query's output column, for rows; a column not named
+    /// here takes the output column of its own name.
+    pub renames: BTreeMap<String, String>,
 }
 
-/// Upserts every record into a table.
+/// Upserts every record, or every row of a query, into a table.
 pub struct CassandraSink {
     session: Arc<Session>,
     insert: PreparedStatement,
     config: CassandraSinkConfig,
+    /// For rows: per mapped table column, the output column it takes.
+    rows: Vec<RowColumn>,
     /// Columns of type blob, which take key and value bytes as hex.
     blobs: Vec<String>,
     /// The primary key columns, which every record must fill.
@@ -89,10 +95,37 @@ pub struct CassandraSink {
     in_flight: JoinSet<Result<(), CassandraStoreError>>,
 }
 
+/// A table column that a query's output column fills.
+#[derive(Clone, Debug)]
+struct RowColumn {
+    table: String,
+    output: usize,
+    blob: bool,
+    key: bool,
+}
+
 impl CassandraSink {
     /// Connects and checks the mapping against the table: every mapped column
     /// exists, and every primary key column is mapped.
     pub async fn new(config: CassandraSinkConfig) -> Result<CassandraSink, CassandraStoreError> {
+        Self::connect(config, None).await
+    }
+
+    /// Connects for the rows of a query, whose columns are `schema`'s, and
+    /// checks them against the table: each output column fills the table column
+    /// of its name, or the one `renames` gives it; every output column has a
+    /// table column, and every primary key column an output column.
+    pub async fn for_rows(
+        config: CassandraSinkConfig,
+        schema: &arrow::datatypes::Schema,
+    ) -> Result<CassandraSink, CassandraStoreError> {
+        Self::connect(config, Some(schema)).await
+    }
+
+    async fn connect(
+        config: CassandraSinkConfig,
+        rows_schema: Option<&arrow::datatypes::Schema>,
+    ) -> Result<CassandraSink, CassandraStoreError> {
         let session = config.connection.session().await?;
         let table = format!("{}.{}", config.keyspace, config.table);
         let what = || format!("reading the columns of {table}");
@@ -124,16 +157,24 @@ impl CassandraSink {
             location: format!("sink table {table}"),
             problem,
         };
-        if let Some(column) = config.columns.keys().find(|c| !types.contains_key(*c)) {
-            return Err(bad(format!("column {column} does not exist")));
-        }
-        if let Some(column) = key_columns
-            .iter()
-            .find(|c| !config.columns.contains_key(*c))
-        {
-            return Err(bad(format!(
-                "primary key column {column} is not mapped; map every primary key column"
-            )));
+        let mut rows = Vec::new();
+        match rows_schema {
+            None => {
+                if let Some(column) = config.columns.keys().find(|c| !types.contains_key(*c)) {
+                    return Err(bad(format!("column {column} does not exist")));
+                }
+                if let Some(column) = key_columns
+                    .iter()
+                    .find(|c| !config.columns.contains_key(*c))
+                {
+                    return Err(bad(format!(
+                        "primary key column {column} is not mapped; map every primary key column"
+                    )));
+                }
+            }
+            Some(schema) => {
+                rows = row_columns(&config, schema, &types, &key_columns).map_err(bad)?;
+            }
         }
         let blobs = types
             .iter()
@@ -144,11 +185,12 @@ impl CassandraSink {
             .prepare(format!("INSERT INTO {table} JSON ? DEFAULT UNSET"))
             .await
             .map_err(query_error(format!("preparing the insert into {table}")))?;
-        insert.set_consistency(Consistency::LocalQuorum);
+        insert.set_consistency(crate::Consistency::LocalQuorum.driver());
         Ok(CassandraSink {
             session: Arc::new(session),
             insert,
             config,
+            rows,
             blobs,
             key_columns,
             batch: BatchId::FIRST,
@@ -240,19 +282,8 @@ impl Sink for CassandraSink {
                     entry: format!("record {position} for {table}"),
                     problem,
                 })?;
-            if self.in_flight.len() >= CONCURRENCY {
-                join_one(&mut self.in_flight).await?;
-            }
-            let (session, insert) = (self.session.clone(), self.insert.clone());
-            self.in_flight.spawn(async move {
-                session
-                    .execute_unpaged(&insert, (row,))
-                    .await
-                    .map(|_| ())
-                    .map_err(query_error(format!(
-                        "upserting {position} of batch {batch}"
-                    )))
-            });
+            self.upsert(row, format!("upserting {position} of batch {batch}"))
+                .await?;
         }
         Ok(())
     }
@@ -262,6 +293,170 @@ impl Sink for CassandraSink {
             join_one(&mut self.in_flight).await?;
         }
         Ok(())
+    }
+}
+
+/// Which output column fills which table column, checked both ways.
+fn row_columns(
+    config: &CassandraSinkConfig,
+    schema: &arrow::datatypes::Schema,
+    types: &BTreeMap<String, String>,
+    key_columns: &[String],
+) -> Result<Vec<RowColumn>, String> {
+    if let Some(column) = config.renames.keys().find(|c| !types.contains_key(*c)) {
+        return Err(format!(
+            "[sink.columns] names column {column}, which does not exist"
+        ));
+    }
+    let mut columns = Vec::new();
+    let mut used = vec![false; schema.fields().len()];
+    for column in types.keys() {
+        let output = config.renames.get(column).unwrap_or(column);
+        match schema.index_of(output) {
+            Ok(i) => {
+                used[i] = true;
+                columns.push(RowColumn {
+                    table: column.clone(),
+                    output: i,
+                    blob: types[column] == "blob",
+                    key: key_columns.contains(column),
+                });
+            }
+            Err(_) if config.renames.contains_key(column) => {
+                return Err(format!(
+                    "[sink.columns] fills column {column} from {output}, which the query does not output"
+                ));
+            }
+            Err(_) if key_columns.contains(column) => {
+                return Err(format!(
+                    "primary key column {column} has no output column of its name; select it \
+                     (AS {column}) or map it in [sink.columns]"
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+    if let Some((i, _)) = used.iter().enumerate().find(|(_, used)| !**used) {
+        return Err(format!(
+            "the query outputs column {}, which the table does not have; leave it out of the \
+             SELECT, or map a table column to it in [sink.columns]",
+            schema.field(i).name()
+        ));
+    }
+    Ok(columns)
+}
+
+impl CassandraSink {
+    /// One JSON object per row of `rows`, as `INSERT ... JSON` takes it: blobs
+    /// as `0x...`, timestamps as epoch milliseconds, nulls left out so that
+    /// they write no tombstone.
+    fn row_json(&self, rows: &arrow::array::RecordBatch) -> Result<Vec<String>, String> {
+        use arrow::array::{Array, ArrayRef, AsArray, StringArray};
+        use arrow::datatypes::{DataType, Field as ArrowField, Schema, TimeUnit};
+        let mut fields = Vec::with_capacity(self.rows.len());
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.rows.len());
+        for column in &self.rows {
+            let array = rows.column(column.output);
+            if column.key && array.null_count() > 0 {
+                return Err(format!(
+                    "primary key column {} is null in a row",
+                    column.table
+                ));
+            }
+            let (data_type, array): (DataType, ArrayRef) = match array.data_type() {
+                DataType::Binary | DataType::LargeBinary => {
+                    let values: Vec<Option<String>> = (0..array.len())
+                        .map(|i| {
+                            if array.is_null(i) {
+                                return None;
+                            }
+                            let bytes = match array.data_type() {
+                                DataType::Binary => array.as_binary::<i32>().value(i),
+                                _ => array.as_binary::<i64>().value(i),
+                            };
+                            Some(if column.blob {
+                                format!("0x{}", hex(bytes))
+                            } else {
+                                String::from_utf8_lossy(bytes).into_owned()
+                            })
+                        })
+                        .collect();
+                    (DataType::Utf8, Arc::new(StringArray::from(values)))
+                }
+                DataType::Timestamp(_, _) => {
+                    let millis = arrow::compute::cast(
+                        array,
+                        &DataType::Timestamp(TimeUnit::Millisecond, None),
+                    )
+                    .and_then(|a| arrow::compute::cast(&a, &DataType::Int64))
+                    .map_err(|e| e.to_string())?;
+                    (DataType::Int64, millis)
+                }
+                other => (other.clone(), array.clone()),
+            };
+            fields.push(ArrowField::new(&column.table, data_type, true));
+            arrays.push(array);
+        }
+        let batch = arrow::array::RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        let mut writer = arrow::json::LineDelimitedWriter::new(&mut out);
+        writer.write(&batch).map_err(|e| e.to_string())?;
+        writer.finish().map_err(|e| e.to_string())?;
+        String::from_utf8(out)
+            .map(|text| text.lines().map(str::to_owned).collect())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Sends one upsert, waiting for the oldest when enough are in flight.
+    async fn upsert(&mut self, row: String, what: String) -> Result<(), CassandraStoreError> {
+        if self.in_flight.len() >= CONCURRENCY {
+            join_one(&mut self.in_flight).await?;
+        }
+        let (session, insert) = (self.session.clone(), self.insert.clone());
+        self.in_flight.spawn(async move {
+            session
+                .execute_unpaged(&insert, (row,))
+                .await
+                .map(|_| ())
+                .map_err(query_error(what))
+        });
+        Ok(())
+    }
+}
+
+impl Sink<arrow::array::RecordBatch> for CassandraSink {
+    type Error = CassandraStoreError;
+
+    async fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> Result<(), CassandraStoreError> {
+        <Self as Sink>::begin_batch(self, batch, ranges).await
+    }
+
+    async fn write(&mut self, rows: &arrow::array::RecordBatch) -> Result<(), CassandraStoreError> {
+        let table = format!("{}.{}", self.config.keyspace, self.config.table);
+        let batch = self.batch;
+        let lines = self
+            .row_json(rows)
+            .map_err(|problem| CassandraStoreError::Damaged {
+                entry: format!("rows of batch {batch} for {table}"),
+                problem,
+            })?;
+        for line in lines {
+            self.upsert(
+                line,
+                format!("upserting a row of batch {batch} into {table}"),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), CassandraStoreError> {
+        <Self as Sink>::finish_batch(self, batch).await
     }
 }
 

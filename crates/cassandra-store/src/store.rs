@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use scylla::client::session::Session;
+use scylla::statement::Consistency as DriverConsistency;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
-use scylla::statement::{Consistency, SerialConsistency};
+
+use crate::connect::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
 use sluice_offsets::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, StoredBatches,
@@ -131,8 +133,8 @@ impl CassandraStore {
                     .prepare(cql.clone())
                     .await
                     .map_err(query_error(format!("preparing {cql}")))?;
-                statement.set_consistency(options.consistency);
-                statement.set_serial_consistency(Some(options.serial_consistency));
+                statement.set_consistency(options.consistency.driver());
+                statement.set_serial_consistency(Some(options.serial_consistency.driver()));
                 statement.set_request_timeout(Some(options.request_timeout));
                 Ok::<_, CassandraStoreError>(statement)
             }
@@ -169,8 +171,8 @@ impl CassandraStore {
         .await?;
         // The claim must see every completed conditional write.
         read_claim.set_consistency(match options.serial_consistency {
-            SerialConsistency::Serial => Consistency::Serial,
-            SerialConsistency::LocalSerial => Consistency::LocalSerial,
+            SerialConsistency::Serial => DriverConsistency::Serial,
+            SerialConsistency::LocalSerial => DriverConsistency::LocalSerial,
         });
         let insert_claim = prepare(format!(
             "INSERT INTO {ks}.{LOG_TABLE} (query, query_id, epoch, owner) VALUES (?, ?, 1, ?) \
@@ -641,7 +643,7 @@ impl OffsetStore for CassandraStore {
         let end = plan.end_offsets();
         if !end.is_empty() {
             let mut rows = Batch::new(BatchType::Unlogged);
-            rows.set_consistency(self.options.consistency);
+            rows.set_consistency(self.options.consistency.driver());
             rows.set_request_timeout(Some(self.options.request_timeout));
             let batch_id = i64::try_from(batch.0).unwrap_or(i64::MAX);
             let values: Vec<_> = end

@@ -1,22 +1,47 @@
-//! Errors that stop a query, with what the runner needs to choose an exit code.
+//! Errors that stop a query, typed by what failed, so that the runner can
+//! choose an exit code without guessing.
 
-use sluice_offsets::{DataLoss, Inconsistency};
+use sluice_offsets::{DataLoss, Inconsistency, Offset, TopicPartition};
 
-/// A boxed error of a source, store or sink.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// Why a query stopped.
+/// Why a query stopped. `S`, `T`, `P`, `K` and `D` are the errors of the
+/// source, the offset store, the processor, the sink and the dead letters.
 #[derive(Debug, thiserror::Error)]
-pub enum ExecutorError {
+pub enum ExecutorError<S, T, P, K, D>
+where
+    S: std::error::Error + 'static,
+    T: std::error::Error + 'static,
+    P: std::error::Error + 'static,
+    K: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
     /// The source failed (Kafka unreachable, a read that stalled, data loss while reading).
     #[error("{0}")]
-    Source(BoxError),
+    Source(S),
     /// The offset store failed (a damaged checkpoint, a second runner, I/O).
     #[error("{0}")]
-    Store(BoxError),
+    Store(T),
+    /// Processing failed (a query's cast of a value that does not fit).
+    #[error("{0}")]
+    Process(P),
     /// The sink failed.
     #[error("sink: {0}")]
-    Sink(BoxError),
+    Sink(K),
+    /// Writing to the dead letters failed.
+    #[error("dead letters: {0}")]
+    DeadLetters(D),
+    /// A record could not be processed and `on_bad_record = "fail"`.
+    #[error(
+        "record {topic_partition}@{offset} cannot be processed: {reason}; set on_bad_record = \
+         \"skip\" or \"dead_letter\" to go on without it"
+    )]
+    BadRecord {
+        /// Where the record is.
+        topic_partition: TopicPartition,
+        /// Its offset.
+        offset: Offset,
+        /// Why it cannot be processed.
+        reason: String,
+    },
     /// The store's logs contradict each other.
     #[error("the offset store is inconsistent: {inconsistency}; look at {}", entries.join(" and "))]
     Inconsistent {

@@ -28,7 +28,7 @@ mod query;
 pub mod sinks;
 mod trigger;
 
-pub use error::{BoxError, ExecutorError};
+pub use error::ExecutorError;
 pub use progress::{DurationMs, QueryProgress, SinkProgress, SourceProgress};
-pub use query::{IDLE_POLL, Query, QueryOptions, RetryPolicy, RunSummary};
+pub use query::{IDLE_POLL, Query, QueryError, QueryOptions, RetryPolicy, RunSummary};
 pub use trigger::Trigger;

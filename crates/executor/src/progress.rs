@@ -98,6 +98,8 @@ pub struct SourceProgress {
 pub struct SinkProgress {
     /// What the sink is.
     pub description: String,
+    /// Rows handed to the sink: the records as read, or the rows a query made.
+    pub num_output_rows: u64,
 }
 
 /// Offsets as a JSON value in Spark's shape.
@@ -105,11 +107,13 @@ pub(crate) fn offsets_value(offsets: &PartitionOffsets) -> Value {
     serde_json::from_str(&offsets_to_json(offsets)).unwrap_or(Value::Null)
 }
 
-/// Spark's Kafka lag metrics, plus the offsets lost to tolerated data loss.
+/// Spark's Kafka lag metrics, plus the offsets lost to tolerated data loss and
+/// the records that could not be processed.
 pub(crate) fn source_metrics(
     end: &PartitionOffsets,
     latest: &PartitionOffsets,
     losses: &[DataLoss],
+    bad_records: u64,
 ) -> BTreeMap<String, String> {
     let behind: Vec<u64> = end
         .iter()
@@ -131,6 +135,7 @@ pub(crate) fn source_metrics(
             format!("{:.1}", sum as f64 / behind.len() as f64),
         );
     }
+    metrics.insert("badRecords".to_owned(), bad_records.to_string());
     let lost: u64 = losses.iter().map(DataLoss::lost_offsets).sum();
     metrics.insert("dataLossOffsets".to_owned(), lost.to_string());
     if !losses.is_empty() {

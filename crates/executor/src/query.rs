@@ -5,9 +5,10 @@ use std::num::NonZeroU64;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss, DataLossDecision,
-    MinOffsetsPerTrigger, OffsetStore, PartitionOffsets, Recovery, Sink, Source, StartingOffsets,
-    TopicPartition, Watermarks, apply_data_loss_policy, classify_batch, purge_threshold,
+    BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss,
+    DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetStore,
+    PartitionOffsets, PassThrough, Processed, Processor, RecordChunk, Recovery, Sink, Source,
+    StartingOffsets, TopicPartition, apply_data_loss_policy, classify_batch, purge_threshold,
     rate_limit, should_run_batch,
 };
 use tokio::sync::watch;
@@ -16,7 +17,17 @@ use tracing::Instrument;
 use crate::progress::{
     DurationMs, QueryProgress, SinkProgress, SourceProgress, offsets_value, source_metrics,
 };
+use crate::sinks::DiscardSink;
 use crate::{ExecutorError, Trigger};
+
+/// The error of a [`Query`] over these parts.
+pub type QueryError<Src, Store, Proc, Snk, Dead> = ExecutorError<
+    <Src as Source>::Error,
+    <Store as OffsetStore>::Error,
+    <Proc as Processor>::Error,
+    <Snk as Sink<<Proc as Processor>::Output>>::Error,
+    <Dead as Sink>::Error,
+>;
 
 /// Awaits a call, trying it again with backoff while it fails transiently.
 /// `$transient` judges an error; `$wrap` turns the last one into an `ExecutorError`.
@@ -31,7 +42,7 @@ macro_rules! retrying {
                         attempt += 1;
                         tokio::time::sleep(wait).await;
                     }
-                    None => break Err($wrap(Box::new(e))),
+                    None => break Err($wrap(e)),
                 },
             }
         }
@@ -65,6 +76,8 @@ pub struct QueryOptions {
     pub sink_description: String,
     /// How transient source failures are retried.
     pub retry: RetryPolicy,
+    /// What happens to a record the processor cannot process.
+    pub on_bad_record: BadRecordPolicy,
 }
 
 /// How often, and how patiently, a transient source failure is retried before
@@ -112,6 +125,7 @@ impl Default for QueryOptions {
             source_description: "source".to_owned(),
             sink_description: "sink".to_owned(),
             retry: RetryPolicy::default(),
+            on_bad_record: BadRecordPolicy::default(),
         }
     }
 }
@@ -125,19 +139,33 @@ pub struct RunSummary {
     pub records: u64,
     /// Offsets lost to tolerated data loss.
     pub lost_offsets: u64,
+    /// Records that could not be processed, skipped or sent to the dead letters.
+    pub bad_records: u64,
     /// The newest committed batch.
     pub last_committed: Option<BatchId>,
 }
 
-/// A streaming query: a source, an offset store and a sink, driven batch by batch.
-pub struct Query<Src, Store, Snk> {
+/// A streaming query: a source, an offset store, a processor and a sink, driven
+/// batch by batch; records that cannot be processed may go to the dead letters.
+pub struct Query<Src, Store, Snk, Proc = PassThrough, Dead = DiscardSink> {
     options: QueryOptions,
     query_id: String,
     run_id: String,
     source: Src,
     store: Store,
+    processor: Proc,
     sink: Snk,
+    dead_letters: Dead,
     last_trigger: Option<Instant>,
+}
+
+/// What one batch read, wrote and met.
+#[derive(Default)]
+struct Streamed {
+    rows: u64,
+    output_rows: u64,
+    bad_records: u64,
+    losses: Vec<DataLoss>,
 }
 
 /// A batch ready to execute, with the phases timed so far.
@@ -154,7 +182,8 @@ struct Planned {
 }
 
 impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
-    /// A query with the id its offset store holds.
+    /// A query with the id its offset store holds, handing the records to the
+    /// sink as read.
     pub fn new(
         options: QueryOptions,
         query_id: String,
@@ -162,13 +191,46 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
         store: Store,
         sink: Snk,
     ) -> Self {
+        Query::with_processor(
+            options,
+            query_id,
+            source,
+            store,
+            PassThrough,
+            sink,
+            DiscardSink,
+        )
+    }
+}
+
+impl<Src, Store, Snk, Proc, Dead> Query<Src, Store, Snk, Proc, Dead>
+where
+    Src: Source,
+    Store: OffsetStore,
+    Proc: Processor,
+    Snk: Sink<Proc::Output>,
+    Dead: Sink,
+{
+    /// A query whose records go through `processor` to `sink`; records it
+    /// cannot process go to `dead_letters` when `on_bad_record` says so.
+    pub fn with_processor(
+        options: QueryOptions,
+        query_id: String,
+        source: Src,
+        store: Store,
+        processor: Proc,
+        sink: Snk,
+        dead_letters: Dead,
+    ) -> Self {
         Query {
             options,
             query_id,
             run_id: uuid::Uuid::new_v4().to_string(),
             source,
             store,
+            processor,
             sink,
+            dead_letters,
             last_trigger: None,
         }
     }
@@ -185,7 +247,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
         &mut self,
         mut stop: watch::Receiver<bool>,
         mut on_progress: impl FnMut(&QueryProgress) + Send,
-    ) -> Result<RunSummary, ExecutorError> {
+    ) -> Result<RunSummary, QueryError<Src, Store, Proc, Snk, Dead>> {
         let mut summary = RunSummary::default();
         let retry = self.options.retry;
         let stored = retrying!(
@@ -242,7 +304,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
         };
 
         let mut available_now_target: Option<PartitionOffsets> = None;
-        let mut available_now_partitions: Option<BTreeMap<TopicPartition, Watermarks>> = None;
+        let mut available_now_partitions: Option<BTreeMap<TopicPartition, OffsetBounds>> = None;
         let mut last_batch_at = Instant::now();
         loop {
             if *stop.borrow() {
@@ -343,7 +405,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             }
 
             let metadata = BatchMetadata {
-                watermark_ms: 0,
+                watermark_ms: self.processor.watermark_ms(),
                 timestamp_ms: epoch_ms(timestamp),
                 conf: Default::default(),
             };
@@ -388,7 +450,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
         mut planned: Planned,
         summary: &mut RunSummary,
         on_progress: &mut (impl FnMut(&QueryProgress) + Send),
-    ) -> Result<(), ExecutorError> {
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
         let batch = planned.plan.id();
         let span = tracing::info_span!("batch", id = batch.0);
         async {
@@ -407,15 +469,35 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             planned.durations.wal_commit = micros(t.elapsed());
 
             let t = Instant::now();
-            let (rows, losses) = self.stream(&planned.plan, &mut planned.durations).await?;
+            // A replayed batch that a two-phase sink already has needs only its commit.
+            let delivered = planned.replay
+                && self
+                    .sink
+                    .delivered(batch, planned.plan.ranges())
+                    .await
+                    .map_err(ExecutorError::Sink)?;
+            let streamed = if delivered {
+                tracing::info!(
+                    batch = batch.0,
+                    "the sink already has this batch; writing its commit only"
+                );
+                Streamed::default()
+            } else {
+                self.stream(&planned.plan, &mut planned.durations).await?
+            };
             planned.durations.add_batch =
                 micros(t.elapsed()).saturating_sub(planned.durations.get_batch);
-            planned.losses.extend(losses);
+            let rows = streamed.rows;
+            planned.losses.extend(streamed.losses);
 
             let t = Instant::now();
+            self.processor
+                .commit_state(batch)
+                .await
+                .map_err(ExecutorError::Process)?;
             let commit = BatchCommit {
                 id: batch,
-                next_watermark_ms: 0,
+                next_watermark_ms: self.processor.watermark_ms(),
             };
             retrying!(
                 retry,
@@ -441,7 +523,12 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             planned.durations.commit_offsets = micros(t.elapsed());
             planned.durations.trigger_execution = micros(planned.trigger_start.elapsed());
 
-            let progress = self.progress(&planned, rows, &end);
+            let progress = self.progress(
+                &planned,
+                rows,
+                &end,
+                &(streamed.output_rows, streamed.bad_records),
+            );
             tracing::info!(
                 batch = batch.0,
                 rows,
@@ -452,6 +539,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             on_progress(&progress);
             summary.batches += 1;
             summary.records += rows;
+            summary.bad_records += streamed.bad_records;
             summary.lost_offsets += planned
                 .losses
                 .iter()
@@ -464,24 +552,36 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
         .await
     }
 
-    /// Streams the batch's records from the source into the sink, chunk by chunk.
-    /// A read that fails transiently starts over, and the sink begins the batch
-    /// again: reading a durable plan again is safe, because it reads the same
-    /// ranges. Returns the records written and the data loss met.
+    /// Streams the batch's records from the source through the processor into
+    /// the sink, chunk by chunk. A read that fails transiently starts over, and the
+    /// processor and sinks begin the batch again: reading a durable plan again is
+    /// safe, because it reads the same ranges.
     async fn stream(
         &mut self,
         plan: &BatchPlan,
         durations: &mut DurationMs,
-    ) -> Result<(u64, Vec<DataLoss>), ExecutorError> {
+    ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
         let batch = plan.id();
         let retry = self.options.retry;
+        let dead_letters = self.options.on_bad_record == BadRecordPolicy::DeadLetter;
+        let mut processed = Processed::default();
         let mut attempt = 1_u32;
         loop {
             let t = Instant::now();
+            self.processor
+                .begin_batch(batch, plan.metadata())
+                .await
+                .map_err(ExecutorError::Process)?;
             self.sink
                 .begin_batch(batch, plan.ranges())
                 .await
-                .map_err(|e| ExecutorError::Sink(Box::new(e)))?;
+                .map_err(ExecutorError::Sink)?;
+            if dead_letters {
+                self.dead_letters
+                    .begin_batch(batch, plan.ranges())
+                    .await
+                    .map_err(ExecutorError::DeadLetters)?;
+            }
             let mut reader = retrying!(
                 retry,
                 "reading the batch",
@@ -490,15 +590,17 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
                 ExecutorError::Source
             )?;
             durations.get_batch = micros(t.elapsed());
-            let mut rows = 0_u64;
+            let mut streamed = Streamed::default();
             let failure = loop {
                 match reader.next_chunk().await {
                     Ok(Some(chunk)) => {
-                        rows += chunk.len() as u64;
-                        self.sink
-                            .write(&chunk)
+                        streamed.rows += chunk.len() as u64;
+                        processed.clear();
+                        self.processor
+                            .process(chunk, &mut processed)
                             .await
-                            .map_err(|e| ExecutorError::Sink(Box::new(e)))?;
+                            .map_err(ExecutorError::Process)?;
+                        self.deliver(&processed, &mut streamed).await?;
                     }
                     Ok(None) => break None,
                     Err(e) => break Some(e),
@@ -506,18 +608,30 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
             };
             match failure {
                 None => {
-                    let losses = reader.data_loss().to_vec();
-                    for loss in &losses {
+                    streamed.losses = reader.data_loss().to_vec();
+                    for loss in &streamed.losses {
                         tracing::warn!(
                             lost_offsets = loss.lost_offsets(),
                             "{loss}; skipped while reading because fail_on_data_loss is false"
                         );
                     }
+                    processed.clear();
+                    self.processor
+                        .finish_batch(batch, &mut processed)
+                        .await
+                        .map_err(ExecutorError::Process)?;
+                    self.deliver(&processed, &mut streamed).await?;
                     self.sink
                         .finish_batch(batch)
                         .await
-                        .map_err(|e| ExecutorError::Sink(Box::new(e)))?;
-                    return Ok((rows, losses));
+                        .map_err(ExecutorError::Sink)?;
+                    if dead_letters {
+                        self.dead_letters
+                            .finish_batch(batch)
+                            .await
+                            .map_err(ExecutorError::DeadLetters)?;
+                    }
+                    return Ok(streamed);
                 }
                 Some(e) => {
                     drop(reader);
@@ -532,14 +646,47 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
                             attempt += 1;
                             tokio::time::sleep(wait).await;
                         }
-                        None => return Err(ExecutorError::Source(Box::new(e))),
+                        None => return Err(ExecutorError::Source(e)),
                     }
                 }
             }
         }
     }
 
-    fn progress(&mut self, planned: &Planned, rows: u64, end: &PartitionOffsets) -> QueryProgress {
+    /// Hands what the processor made to the sink, and its bad records to the
+    /// policy: stop, skip, or the dead letters.
+    async fn deliver(
+        &mut self,
+        processed: &Processed<Proc::Output>,
+        streamed: &mut Streamed,
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        if !processed.bad.is_empty() {
+            match self.options.on_bad_record {
+                BadRecordPolicy::Fail => return Err(first_bad_record(&processed.bad)),
+                BadRecordPolicy::Skip => {}
+                BadRecordPolicy::DeadLetter => self
+                    .dead_letters
+                    .write(&processed.bad)
+                    .await
+                    .map_err(ExecutorError::DeadLetters)?,
+            }
+            streamed.bad_records += processed.bad.len() as u64;
+        }
+        for rows in &processed.rows {
+            self.sink.write(rows).await.map_err(ExecutorError::Sink)?;
+        }
+        streamed.output_rows += processed.row_count;
+        Ok(())
+    }
+
+    fn progress(
+        &mut self,
+        planned: &Planned,
+        rows: u64,
+        end: &PartitionOffsets,
+        counts: &(u64, u64),
+    ) -> QueryProgress {
+        let (output_rows, bad_records) = *counts;
         let execution = planned.durations.trigger_execution.max(1) as f64 / 1_000_000.0;
         let since_last = self
             .last_trigger
@@ -567,12 +714,37 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
                 num_input_rows: rows,
                 input_rows_per_second: input_rate,
                 processed_rows_per_second: processed_rate,
-                metrics: source_metrics(end, &planned.latest, &planned.losses),
+                metrics: source_metrics(end, &planned.latest, &planned.losses, bad_records),
             }],
             sink: SinkProgress {
                 description: self.options.sink_description.clone(),
+                num_output_rows: output_rows,
             },
         }
+    }
+}
+
+/// The error for the first of `bad`'s records, with the reason its header gives.
+fn first_bad_record<S, T, P, K, D>(bad: &RecordChunk) -> ExecutorError<S, T, P, K, D>
+where
+    S: std::error::Error + 'static,
+    T: std::error::Error + 'static,
+    P: std::error::Error + 'static,
+    K: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
+    let record = bad.iter().next();
+    ExecutorError::BadRecord {
+        topic_partition: record.map_or_else(
+            || TopicPartition::new("?", 0),
+            |r| TopicPartition::new(r.topic(), r.partition()),
+        ),
+        offset: record.map_or(sluice_offsets::Offset::ZERO, |r| r.offset()),
+        reason: record
+            .and_then(|r| r.headers().find(|(name, _)| *name == ERROR_HEADER))
+            .and_then(|(_, value)| value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_else(|| "no reason given".to_owned()),
     }
 }
 

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use sluice_executor::{ExecutorError, Query, QueryOptions, QueryProgress, Trigger};
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, Log, Offset, OffsetRange, OffsetStore,
-    PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets, StoredBatches,
-    TimestampType, TopicPartition, Watermarks,
+    BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, Log, Offset, OffsetBounds, OffsetRange,
+    OffsetStore, PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets,
+    StoredBatches, TimestampType, TopicPartition,
 };
 use tokio::sync::watch;
 
@@ -76,7 +76,7 @@ impl Source for MemSource {
         error.0 == TRANSIENT
     }
 
-    async fn partitions(&mut self) -> Result<BTreeMap<TopicPartition, Watermarks>, TestError> {
+    async fn partitions(&mut self) -> Result<BTreeMap<TopicPartition, OffsetBounds>, TestError> {
         *self.calls.lock().unwrap() += 1;
         let failure = {
             let mut failures = self.failures.lock().unwrap();
@@ -93,7 +93,7 @@ impl Source for MemSource {
             .map(|(tp, (low, high))| {
                 (
                     tp.clone(),
-                    Watermarks {
+                    OffsetBounds {
                         low: off(*low),
                         high: off(*high),
                     },
@@ -105,7 +105,7 @@ impl Source for MemSource {
     async fn starting_offsets(
         &mut self,
         starting: &StartingOffsets,
-        partitions: &BTreeMap<TopicPartition, Watermarks>,
+        partitions: &BTreeMap<TopicPartition, OffsetBounds>,
     ) -> Result<PartitionOffsets, TestError> {
         Ok(partitions
             .iter()
@@ -736,4 +736,199 @@ async fn a_read_failing_part_way_begins_the_batch_again_and_delivers_each_record
         sink.batches.lock().unwrap().is_empty(),
         "the sink never finished it"
     );
+}
+
+/// Passes records through, but those at offsets 3, 13, 23, ... are bad; reports
+/// a watermark of 1,000 ms per batch begun.
+#[derive(Default)]
+struct PickyProcessor {
+    batches: i64,
+}
+
+impl sluice_offsets::Processor for PickyProcessor {
+    type Output = RecordChunk;
+    type Error = TestError;
+
+    async fn begin_batch(
+        &mut self,
+        _batch: BatchId,
+        _metadata: &sluice_offsets::BatchMetadata,
+    ) -> Result<(), TestError> {
+        self.batches += 1;
+        Ok(())
+    }
+
+    async fn process(
+        &mut self,
+        records: RecordChunk,
+        out: &mut sluice_offsets::Processed<RecordChunk>,
+    ) -> Result<(), TestError> {
+        let mut good = RecordChunk::default();
+        for record in &records {
+            if record.offset().value() % 10 == 3 {
+                let mut bad = record.to_record();
+                bad.headers.push(sluice_offsets::Header {
+                    key: sluice_offsets::ERROR_HEADER.to_owned(),
+                    value: Some(b"ends in 3".to_vec()),
+                });
+                out.bad.push_record(&bad);
+            } else {
+                good.push_ref(record);
+            }
+        }
+        out.row_count += good.len() as u64;
+        out.rows.push(good);
+        Ok(())
+    }
+
+    fn watermark_ms(&self) -> i64 {
+        1000 * self.batches
+    }
+}
+
+#[tokio::test]
+async fn bad_records_stop_the_query_or_are_skipped_or_go_to_the_dead_letters() {
+    use sluice_offsets::BadRecordPolicy;
+    let run = |policy: BadRecordPolicy| async move {
+        let source = MemSource::with(&[(0, 25), (1, 10)]);
+        let (store, sink, dead) = (MemStore::default(), MemSink::default(), MemSink::default());
+        let mut query = Query::with_processor(
+            QueryOptions {
+                on_bad_record: policy,
+                ..options(Trigger::AvailableNow, Some(20))
+            },
+            "q".into(),
+            source,
+            store.clone(),
+            PickyProcessor::default(),
+            sink.clone(),
+            dead.clone(),
+        );
+        let mut progress = Vec::new();
+        let result = query
+            .run(never_stop(), |p: &QueryProgress| progress.push(p.clone()))
+            .await;
+        (result, store, sink, dead, progress)
+    };
+
+    let (result, store, _, _, _) = run(BadRecordPolicy::Fail).await;
+    let err = result.unwrap_err();
+    assert!(matches!(err, ExecutorError::BadRecord { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("record events-0@3 cannot be processed: ends in 3;"),
+        "{err}"
+    );
+    assert!(
+        store.commits.lock().unwrap().is_empty(),
+        "nothing committed"
+    );
+
+    let bad_values = ["0-3", "0-13", "0-23", "1-3"];
+    let (result, _, sink, dead, progress) = run(BadRecordPolicy::Skip).await;
+    let summary = result.unwrap();
+    assert_eq!(summary.bad_records, 4);
+    assert_eq!(sink.values().len(), 35 - 4);
+    assert!(dead.values().is_empty(), "skipped, not kept");
+    let counted: u64 = progress
+        .iter()
+        .map(|p| p.sources[0].metrics["badRecords"].parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(counted, 4, "the progress reports count them");
+    assert_eq!(
+        progress.iter().map(|p| p.sink.num_output_rows).sum::<u64>(),
+        31
+    );
+
+    let (result, store, sink, dead, _) = run(BadRecordPolicy::DeadLetter).await;
+    assert_eq!(result.unwrap().bad_records, 4);
+    assert_eq!(
+        sorted(dead.values()),
+        sorted(bad_values.map(String::from).to_vec())
+    );
+    assert!(
+        !sink
+            .values()
+            .iter()
+            .any(|v| bad_values.contains(&v.as_str()))
+    );
+    // The watermark a processor reports is recorded in the next plan and in the commit.
+    let plans = store.plans.lock().unwrap();
+    assert_eq!(plans[&BatchId(0)].metadata().watermark_ms, 0);
+    assert_eq!(plans[&BatchId(1)].metadata().watermark_ms, 1000);
+    assert_eq!(
+        store.commits.lock().unwrap()[&BatchId(1)].next_watermark_ms,
+        2000
+    );
+}
+
+/// A sink that already holds every batch it is asked about on recovery.
+#[derive(Clone, Default)]
+struct TwoPhaseSink {
+    inner: MemSink,
+    asked: Arc<Mutex<Vec<BatchId>>>,
+}
+
+impl Sink for TwoPhaseSink {
+    type Error = TestError;
+
+    async fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> Result<(), TestError> {
+        self.inner.begin_batch(batch, ranges).await
+    }
+
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), TestError> {
+        self.inner.write(records).await
+    }
+
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), TestError> {
+        self.inner.finish_batch(batch).await
+    }
+
+    async fn delivered(
+        &mut self,
+        batch: BatchId,
+        _ranges: &[OffsetRange],
+    ) -> Result<bool, TestError> {
+        self.asked.lock().unwrap().push(batch);
+        Ok(true)
+    }
+}
+
+#[tokio::test]
+async fn a_replayed_batch_the_sink_already_has_is_only_committed() {
+    let source = MemSource::with(&[(0, 30)]);
+    let store = MemStore::default();
+    let failing = MemSink {
+        fail_on: Some(BatchId(1)),
+        ..MemSink::default()
+    };
+    let mut query = Query::new(
+        options(Trigger::AvailableNow, Some(20)),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        failing,
+    );
+    assert!(query.run(never_stop(), |_| {}).await.is_err());
+    assert!(store.plans.lock().unwrap().contains_key(&BatchId(1)));
+
+    let sink = TwoPhaseSink::default();
+    let mut recovered = Query::new(
+        options(Trigger::AvailableNow, Some(20)),
+        "q".into(),
+        source,
+        store.clone(),
+        sink.clone(),
+    );
+    recovered.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!(*sink.asked.lock().unwrap(), vec![BatchId(1)]);
+    assert!(
+        sink.inner.values().is_empty(),
+        "batch 1 is not written again, and nothing else was left"
+    );
+    assert!(store.commits.lock().unwrap().contains_key(&BatchId(1)));
 }

@@ -10,7 +10,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::metadata::Metadata;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use regex::Regex;
-use sluice_offsets::{Offset, PartitionOffsets, TopicPartition, Watermarks};
+use sluice_offsets::{Offset, OffsetBounds, PartitionOffsets, TopicPartition};
 
 use crate::{KafkaSourceConfig, KafkaSourceError, SourceContext, discovery};
 
@@ -89,7 +89,7 @@ impl Client {
     /// The selected partitions and their watermarks.
     pub(crate) fn partitions(
         &self,
-    ) -> Result<BTreeMap<TopicPartition, Watermarks>, KafkaSourceError> {
+    ) -> Result<BTreeMap<TopicPartition, OffsetBounds>, KafkaSourceError> {
         let metadata = self.metadata()?;
         let selected = discovery::select(&self.config.selection, self.pattern.as_ref(), &metadata);
         let earliest = self.list_offsets(&selected, Position::Earliest)?;
@@ -99,7 +99,7 @@ impl Client {
             .filter_map(|tp| {
                 let low = earliest.get(&tp).copied().flatten()?;
                 let high = latest.get(&tp).copied().flatten()?.max(low);
-                Some((tp, Watermarks { low, high }))
+                Some((tp, OffsetBounds { low, high }))
             })
             .collect())
     }

@@ -20,8 +20,8 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::ConsumerContext;
 use sluice_offsets::{
-    BatchReader, DataLoss, MissingCommitted, OffsetRange, PartitionOffsets, RecordChunk, Source,
-    SpecificOffset, StartingOffsets, TimestampFallback, TopicPartition, Watermarks,
+    BatchReader, DataLoss, MissingCommitted, OffsetBounds, OffsetRange, PartitionOffsets,
+    RecordChunk, Source, SpecificOffset, StartingOffsets, TimestampFallback, TopicPartition,
 };
 
 use client::{Client, Position};
@@ -231,14 +231,14 @@ impl Source for KafkaSource {
 
     async fn partitions(
         &mut self,
-    ) -> Result<BTreeMap<TopicPartition, Watermarks>, KafkaSourceError> {
+    ) -> Result<BTreeMap<TopicPartition, OffsetBounds>, KafkaSourceError> {
         self.blocking(|client| client.partitions()).await
     }
 
     async fn starting_offsets(
         &mut self,
         starting: &StartingOffsets,
-        partitions: &BTreeMap<TopicPartition, Watermarks>,
+        partitions: &BTreeMap<TopicPartition, OffsetBounds>,
     ) -> Result<PartitionOffsets, KafkaSourceError> {
         let starting = starting.clone();
         let partitions = partitions.clone();
@@ -283,7 +283,7 @@ impl Source for KafkaSource {
 fn resolve_start(
     client: &Client,
     starting: &StartingOffsets,
-    partitions: &BTreeMap<TopicPartition, Watermarks>,
+    partitions: &BTreeMap<TopicPartition, OffsetBounds>,
 ) -> Result<PartitionOffsets, KafkaSourceError> {
     let all: BTreeSet<TopicPartition> = partitions.keys().cloned().collect();
     let low = |tp: &TopicPartition| partitions[tp].low;

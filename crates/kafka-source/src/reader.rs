@@ -1151,7 +1151,7 @@ impl Reading {
                 earliest.get(&tp).copied().flatten(),
                 latest.get(&tp).copied().flatten(),
             ) {
-                (Some(low), Some(high)) => Some(sluice_offsets::Watermarks {
+                (Some(low), Some(high)) => Some(sluice_offsets::OffsetBounds {
                     low,
                     high: high.max(low),
                 }),

@@ -5,10 +5,11 @@ use std::fmt;
 
 use crate::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
 
-/// A partition's earliest available offset (low watermark) and its end (high
-/// watermark, the offset the next record will get).
+/// The offsets a partition holds now: its earliest available offset (Kafka's low
+/// watermark) and its end (the high watermark, the offset the next record will
+/// get). Not to be confused with an event-time watermark, which is a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Watermarks {
+pub struct OffsetBounds {
     /// The earliest offset still in the partition.
     pub low: Offset,
     /// The offset after the last record.
@@ -192,7 +193,7 @@ impl fmt::Display for DataLoss {
 pub fn classify_data_loss(
     topic_partition: &TopicPartition,
     planned: Option<Offset>,
-    watermarks: Option<Watermarks>,
+    watermarks: Option<OffsetBounds>,
 ) -> Option<DataLoss> {
     let topic_partition = topic_partition.clone();
     match (planned, watermarks) {
@@ -225,7 +226,7 @@ pub fn classify_data_loss(
 /// that the batch did not know, in topic-partition order.
 pub fn classify_batch(
     planned: &PartitionOffsets,
-    current: &BTreeMap<TopicPartition, Watermarks>,
+    current: &BTreeMap<TopicPartition, OffsetBounds>,
 ) -> Vec<DataLoss> {
     let mut partitions: Vec<&TopicPartition> = planned.keys().chain(current.keys()).collect();
     partitions.sort();
@@ -306,8 +307,8 @@ mod tests {
         Offset::new(v).unwrap()
     }
 
-    fn marks(low: i64, high: i64) -> Option<Watermarks> {
-        Some(Watermarks {
+    fn marks(low: i64, high: i64) -> Option<OffsetBounds> {
+        Some(OffsetBounds {
             low: off(low),
             high: off(high),
         })

@@ -22,6 +22,7 @@ mod chunk;
 mod data_loss;
 mod json;
 mod partition;
+mod processor;
 mod rate_limit;
 mod recovery;
 mod source;
@@ -31,13 +32,14 @@ mod store;
 pub use batch::{BatchCommit, BatchId, BatchMetadata, BatchPlan, PlanError};
 pub use chunk::{Iter as RecordIter, RecordChunk, RecordParts, RecordRef};
 pub use data_loss::{
-    DataLoss, DataLossDecision, Watermarks, apply_data_loss_policy, classify_batch,
+    DataLoss, DataLossDecision, OffsetBounds, apply_data_loss_policy, classify_batch,
     classify_data_loss, data_loss_report,
 };
 pub use json::{
     OffsetJsonError, offsets_from_json, offsets_to_json, values_from_json, values_to_json,
 };
 pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
+pub use processor::{BadRecordPolicy, ERROR_HEADER, PassThrough, Processed, Processor};
 pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
 pub use recovery::{
     DEFAULT_MIN_BATCHES_TO_RETAIN, Inconsistency, Log, Recovery, decide_recovery, purge_threshold,

@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::{
-    BatchId, DataLoss, Offset, OffsetRange, PartitionOffsets, RecordChunk, StartingOffsets,
-    TopicPartition, Watermarks,
+    BatchId, DataLoss, Offset, OffsetBounds, OffsetRange, PartitionOffsets, RecordChunk,
+    StartingOffsets, TopicPartition,
 };
 
 /// How a record's timestamp was set.
@@ -125,13 +125,13 @@ pub trait Source: Send {
     /// Called before every batch, so that new partitions are picked up.
     fn partitions(
         &mut self,
-    ) -> impl Future<Output = Result<BTreeMap<TopicPartition, Watermarks>, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<BTreeMap<TopicPartition, OffsetBounds>, Self::Error>> + Send;
 
     /// Where a fresh query starts on each of `partitions`.
     fn starting_offsets(
         &mut self,
         starting: &StartingOffsets,
-        partitions: &BTreeMap<TopicPartition, Watermarks>,
+        partitions: &BTreeMap<TopicPartition, OffsetBounds>,
     ) -> impl Future<Output = Result<PartitionOffsets, Self::Error>> + Send;
 
     /// Starts reading exactly the records of `ranges`. Only one reader is live at a
@@ -176,18 +176,21 @@ pub trait BatchReader: Send {
     fn data_loss(&self) -> &[DataLoss];
 }
 
-/// Where a batch's records go: a file per batch, a table, a topic, or a user's
-/// own processing.
+/// Where a batch's output goes: a file per batch, a table, a topic, or a user's
+/// own processing. `T` is what it receives: the records as read
+/// ([`RecordChunk`], the default), or rows a query made of them.
 ///
 /// Contract: for each batch, after its plan is durable, the executor calls
-/// `begin_batch`, then `write` for every chunk, then `finish_batch`, and only then
-/// commits the batch. A read that fails part way and is retried begins the same
-/// batch again, and every record is written anew. After a crash, a batch that was
-/// planned but not committed is written again with the **same batch id, the same
-/// ranges and the same records**. A sink that replaces its output per batch id (a
-/// file named by the id, upserts keyed by topic, partition and offset) is
-/// therefore exactly once; one that appends is at least once.
-pub trait Sink: Send {
+/// `begin_batch`, then `write` for every piece of output, then `finish_batch`,
+/// and only then commits the batch. A read that fails part way and is retried
+/// begins the same batch again, and everything is written anew. After a crash, a
+/// batch that was planned but not committed is written again with the **same
+/// batch id, the same ranges and the same output**. A sink that replaces its
+/// output per batch id (a file named by the id, upserts keyed by the data) is
+/// therefore exactly once; one that appends is at least once. A sink that can
+/// tell whether a batch already reached it ([`Sink::delivered`], a two-phase sink
+/// such as Kafka transactions) is exactly once without replacing anything.
+pub trait Sink<T: ?Sized + Sync = RecordChunk>: Send {
     /// What can go wrong.
     type Error: std::error::Error + Send + Sync + 'static;
 
@@ -202,18 +205,27 @@ pub trait Sink: Send {
         async { Ok(()) }
     }
 
-    /// Delivers the next records of the batch begun last.
-    fn write(
-        &mut self,
-        records: &RecordChunk,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// Delivers the next output of the batch begun last.
+    fn write(&mut self, output: &T) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// Ends the batch begun last. Returns once its records are durable in the sink.
+    /// Ends the batch begun last. Returns once its output is durable in the sink.
     fn finish_batch(
         &mut self,
         batch: BatchId,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         let _ = batch;
         async { Ok(()) }
+    }
+
+    /// Asked on recovery about a batch that was planned but not committed:
+    /// whether its whole output already reached the sink, so that only the
+    /// commit is left to write. The default says no, and the batch is replayed.
+    fn delivered(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        let _ = (batch, ranges);
+        async { Ok(false) }
     }
 }

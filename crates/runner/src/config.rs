@@ -41,6 +41,28 @@ pub struct Config {
     /// How transient Kafka failures are retried.
     #[serde(default)]
     pub retry: RetrySection,
+    /// The SQL the stream goes through.
+    pub query: Option<QuerySection>,
+    /// Where records go whose values do not decode, with `on_bad_record = "dead_letter"`.
+    pub dead_letter: Option<DeadLetterSection>,
+}
+
+/// `[query]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuerySection {
+    /// A SELECT over the source table.
+    pub sql: String,
+}
+
+/// `[dead_letter]`: a directory of JSON-lines files, or a Kafka topic.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterSection {
+    pub path: Option<PathBuf>,
+    pub topic: Option<String>,
+    /// The Kafka cluster of `topic`; the source's by default.
+    pub bootstrap_servers: Option<String>,
 }
 
 /// `[retry]`: transient failures (a broker restarting, timeouts) are retried with
@@ -81,6 +103,17 @@ pub struct SourceSection {
     pub commit_progress: bool,
     /// How many MiB of records the reader may hold ahead of the batches.
     pub read_ahead_mb: Option<u64>,
+    /// The name of the source table in `[query] sql`.
+    pub table: Option<String>,
+    /// How values are read: "raw" (default), "json" or "csv".
+    pub format: Option<String>,
+    /// The values' columns, in Spark's DDL form, for json and csv.
+    pub schema: Option<String>,
+    /// A file holding `schema`.
+    pub schema_file: Option<PathBuf>,
+    /// What happens to a record whose value does not decode: "fail" (default),
+    /// "skip" or "dead_letter".
+    pub on_bad_record: Option<String>,
     /// librdkafka options, passed through.
     #[serde(default)]
     pub kafka: BTreeMap<String, toml::Value>,
@@ -231,9 +264,42 @@ pub enum SinkKind {
     Cassandra(sluice_cassandra_store::CassandraSinkConfig),
 }
 
+/// How the stream is processed, checked.
+#[derive(Debug, Clone)]
+pub struct Processing {
+    /// The source table's name.
+    pub table: String,
+    /// How values are read.
+    pub format: sluice_sql::Format,
+    /// The SQL, if any.
+    pub sql: Option<String>,
+    /// What happens to records whose values do not decode.
+    pub on_bad_record: sluice_offsets::BadRecordPolicy,
+}
+
+impl Processing {
+    /// Whether records reach the sink as read, with nothing to decode or query.
+    pub fn is_pass_through(&self) -> bool {
+        self.sql.is_none() && self.format == sluice_sql::Format::Raw
+    }
+}
+
+/// Where records whose values do not decode go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetters {
+    /// Nowhere: `on_bad_record` is not "dead_letter".
+    None,
+    /// JSON-lines files in a directory, one per batch.
+    Directory(PathBuf),
+    /// A Kafka topic.
+    Kafka(sluice_kafka_source::KafkaSinkConfig),
+}
+
 /// Everything the runner needs, checked.
 #[derive(Debug)]
 pub struct Settings {
+    pub processing: Processing,
+    pub dead_letters: DeadLetters,
     pub name: Option<String>,
     pub kafka: KafkaSourceConfig,
     pub starting: StartingOptions,
@@ -456,6 +522,88 @@ fn settings(config: Config) -> Result<Settings> {
         StoreKind::Directory(PathBuf::from(checkpoint.trim_start_matches("file://")))
     };
 
+    let declared = match (source.schema, source.schema_file) {
+        (Some(_), Some(_)) => bail!("[source] takes schema or schema_file, not both"),
+        (Some(text), None) => Some(text),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read source.schema_file {}", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    let declared = declared
+        .map(|text| sluice_sql::parse_ddl(text.trim()))
+        .transpose()
+        .context("source.schema")?;
+    let format = match (source.format.as_deref().unwrap_or("raw"), declared) {
+        ("raw", None) => sluice_sql::Format::Raw,
+        ("raw", Some(_)) => bail!(
+            "source.schema declares columns, but format is \"raw\": set format = \"json\" or \"csv\""
+        ),
+        ("json", Some(schema)) => sluice_sql::Format::Json(schema),
+        ("csv", Some(schema)) => sluice_sql::Format::Csv(schema),
+        ("json" | "csv", None) => bail!(
+            "source.format = {:?} needs source.schema, the values' columns in Spark's DDL form, \
+             like \"order BIGINT, customer STRING, amount DOUBLE\"",
+            source.format.as_deref().unwrap_or_default()
+        ),
+        ("avro", _) => bail!(
+            "source.format = \"avro\" is not supported yet: use json or csv, or raw with a query"
+        ),
+        (other, _) => bail!("source.format must be \"raw\", \"json\" or \"csv\", not {other:?}"),
+    };
+    let on_bad_record = match source.on_bad_record.as_deref() {
+        None | Some("fail") => sluice_offsets::BadRecordPolicy::Fail,
+        Some("skip") => sluice_offsets::BadRecordPolicy::Skip,
+        Some("dead_letter") => sluice_offsets::BadRecordPolicy::DeadLetter,
+        Some(other) => bail!(
+            "source.on_bad_record must be \"fail\", \"skip\" or \"dead_letter\", not {other:?}"
+        ),
+    };
+    let table = source.table.unwrap_or_else(|| "source".to_owned());
+    if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        bail!("source.table {table:?} must be a plain name: letters, digits and underscores");
+    }
+    let sql = config.query.map(|q| q.sql);
+    if sql.as_deref().is_some_and(|s| s.trim().is_empty()) {
+        bail!("query.sql is empty: write a SELECT over the source table `{table}`");
+    }
+    let dead_letters = match (on_bad_record, config.dead_letter) {
+        (sluice_offsets::BadRecordPolicy::DeadLetter, None) => bail!(
+            "on_bad_record = \"dead_letter\" needs a [dead_letter] table with path (a directory) \
+             or topic (a Kafka topic)"
+        ),
+        (sluice_offsets::BadRecordPolicy::DeadLetter, Some(dead)) => {
+            match (dead.path, dead.topic) {
+                (Some(path), None) => DeadLetters::Directory(path),
+                (None, Some(topic)) => DeadLetters::Kafka(sluice_kafka_source::KafkaSinkConfig {
+                    bootstrap_servers: dead
+                        .bootstrap_servers
+                        .unwrap_or_else(|| kafka.bootstrap_servers.clone()),
+                    topic,
+                    client_options: BTreeMap::new(),
+                }),
+                _ => bail!("[dead_letter] takes path or topic, exactly one"),
+            }
+        }
+        (_, Some(_)) => bail!(
+            "[dead_letter] is set, but on_bad_record is not \"dead_letter\", so nothing would go there"
+        ),
+        (_, None) => DeadLetters::None,
+    };
+    if format == sluice_sql::Format::Raw && on_bad_record != sluice_offsets::BadRecordPolicy::Fail {
+        bail!(
+            "source.on_bad_record applies to values that do not decode, but format is \"raw\": \
+             set format = \"json\" or \"csv\" with a schema"
+        );
+    }
+    let processing = Processing {
+        table,
+        format,
+        sql,
+        on_bad_record,
+    };
+
     let sink = match config.sink.kind.as_str() {
         "console" => {
             let json = match config.sink.format.as_deref() {
@@ -495,26 +643,37 @@ fn settings(config: Config) -> Result<Settings> {
             let connection = config.sink.auth.connection(nodes, "sink")?;
             let keyspace = need(config.sink.keyspace, "keyspace")?;
             let table = need(config.sink.table, "table")?;
-            if config.sink.columns.is_empty() {
-                bail!("a cassandra sink needs [sink.columns], mapping columns to record fields");
-            }
-            let columns = config
-                .sink
-                .columns
-                .into_iter()
-                .map(|(column, field)| match sluice_cassandra_store::Field::parse(&field) {
-                    Some(field) => Ok((column, field)),
-                    None => bail!(
-                        "sink.columns.{column} = {field:?}: use topic, partition, offset, timestamp, \
-                         key, value or value.<json path>"
-                    ),
-                })
-                .collect::<Result<_>>()?;
+            let (columns, renames) = if processing.is_pass_through() {
+                if config.sink.columns.is_empty() {
+                    bail!(
+                        "a cassandra sink needs [sink.columns], mapping columns to record fields"
+                    );
+                }
+                let columns = config
+                    .sink
+                    .columns
+                    .into_iter()
+                    .map(
+                        |(column, field)| match sluice_cassandra_store::Field::parse(&field) {
+                            Some(field) => Ok((column, field)),
+                            None => bail!(
+                                "sink.columns.{column} = {field:?}: use topic, partition, offset, \
+                             timestamp, key, value or value.<json path>"
+                            ),
+                        },
+                    )
+                    .collect::<Result<_>>()?;
+                (columns, BTreeMap::new())
+            } else {
+                // Rows map to columns by name; [sink.columns] renames.
+                (BTreeMap::new(), config.sink.columns)
+            };
             SinkKind::Cassandra(sluice_cassandra_store::CassandraSinkConfig {
                 connection,
                 keyspace,
                 table,
                 columns,
+                renames,
             })
         }
         other => bail!(
@@ -537,6 +696,8 @@ fn settings(config: Config) -> Result<Settings> {
     }
 
     Ok(Settings {
+        processing,
+        dead_letters,
         retry,
         name: config.name,
         kafka,
@@ -712,7 +873,10 @@ mod tests {
             panic!("expected a Cassandra store");
         };
         assert_eq!(location.query, "q");
-        assert_eq!(options.consistency, scylla::statement::Consistency::Quorum);
+        assert_eq!(
+            options.consistency,
+            sluice_cassandra_store::Consistency::Quorum
+        );
         assert_eq!(options.username.as_deref(), Some("sluice"));
         assert_eq!(options.request_timeout, Duration::from_millis(2500));
         let err = |extra: &str| format!("{:#}", with(extra).unwrap_err());

@@ -4,6 +4,7 @@ use sluice_cassandra_store::CassandraStoreError;
 use sluice_checkpoint_fs::CheckpointError;
 use sluice_executor::ExecutorError;
 use sluice_kafka_source::KafkaSourceError;
+use sluice_sql::SqlError;
 
 /// An error with the exit code it ends the process with.
 pub struct Exit {
@@ -65,34 +66,76 @@ impl Exit {
         }
     }
 
-    /// Why the executor stopped.
-    pub fn executor(error: ExecutorError) -> Exit {
+    /// Why the executor stopped: each part's error chooses its own code.
+    pub fn executor<S, T, P, K, D>(error: ExecutorError<S, T, P, K, D>) -> Exit
+    where
+        S: Classify + std::error::Error + Send + Sync + 'static,
+        T: Classify + std::error::Error + Send + Sync + 'static,
+        P: Classify + std::error::Error + Send + Sync + 'static,
+        K: std::error::Error + Send + Sync + 'static,
+        D: std::error::Error + Send + Sync + 'static,
+    {
         match error {
-            ExecutorError::DataLoss(_) => Exit::data_loss(error.into()),
-            ExecutorError::Inconsistent { .. } | ExecutorError::Plan { .. } => Exit {
+            ExecutorError::Source(e) => e.exit(),
+            ExecutorError::Store(e) => e.exit(),
+            ExecutorError::Process(e) => e.exit(),
+            e @ ExecutorError::DataLoss(_) => Exit::data_loss(e.into()),
+            e @ (ExecutorError::Inconsistent { .. } | ExecutorError::Plan { .. }) => Exit {
                 code: 4,
-                error: error.into(),
+                error: e.into(),
             },
-            ExecutorError::Store(inner) => match inner.downcast::<CheckpointError>() {
-                Ok(checkpoint) => Exit::checkpoint(*checkpoint),
-                Err(other) => match other.downcast::<CassandraStoreError>() {
-                    Ok(cassandra) => Exit::cassandra(*cassandra),
-                    Err(other) => Exit::runtime(anyhow::anyhow!(other)),
-                },
+            e @ ExecutorError::BadRecord { .. } => Exit {
+                code: 5,
+                error: e.into(),
             },
-            ExecutorError::Source(inner) => match inner.downcast::<KafkaSourceError>() {
-                Ok(kafka) => match *kafka {
-                    e @ KafkaSourceError::DataLoss(_) => Exit::data_loss(e.into()),
-                    e @ (KafkaSourceError::Config(_)
-                    | KafkaSourceError::OwnedOption { .. }
-                    | KafkaSourceError::Pattern { .. }
-                    | KafkaSourceError::NoOffsetForTimestamp { .. }
-                    | KafkaSourceError::NoCommittedOffset { .. }) => Exit::config(e.into()),
-                    e => Exit::runtime(e.into()),
-                },
-                Err(other) => Exit::runtime(anyhow::anyhow!(other)),
-            },
-            ExecutorError::Sink(_) => Exit::runtime(error.into()),
+            e @ (ExecutorError::Sink(_) | ExecutorError::DeadLetters(_)) => Exit::runtime(e.into()),
         }
+    }
+}
+
+/// An error that knows the exit code it ends the process with.
+pub trait Classify: Sized {
+    /// The error with its exit code.
+    fn exit(self) -> Exit;
+}
+
+impl Classify for KafkaSourceError {
+    fn exit(self) -> Exit {
+        match self {
+            e @ KafkaSourceError::DataLoss(_) => Exit::data_loss(e.into()),
+            e @ (KafkaSourceError::Config(_)
+            | KafkaSourceError::OwnedOption { .. }
+            | KafkaSourceError::Pattern { .. }
+            | KafkaSourceError::NoOffsetForTimestamp { .. }
+            | KafkaSourceError::NoCommittedOffset { .. }) => Exit::config(e.into()),
+            e => Exit::runtime(e.into()),
+        }
+    }
+}
+
+impl Classify for CheckpointError {
+    fn exit(self) -> Exit {
+        Exit::checkpoint(self)
+    }
+}
+
+impl Classify for CassandraStoreError {
+    fn exit(self) -> Exit {
+        Exit::cassandra(self)
+    }
+}
+
+impl Classify for SqlError {
+    fn exit(self) -> Exit {
+        match self {
+            e @ SqlError::Execution(_) | e @ SqlError::Internal(_) => Exit::runtime(e.into()),
+            e => Exit::config(e.into()),
+        }
+    }
+}
+
+impl Classify for std::convert::Infallible {
+    fn exit(self) -> Exit {
+        match self {}
     }
 }

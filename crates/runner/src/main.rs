@@ -7,6 +7,7 @@
 //! another runner, damaged or inconsistent), 130 a second interrupt.
 
 mod config;
+mod dead;
 mod exit;
 mod offsets_cmd;
 
@@ -18,14 +19,16 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice_cassandra_store::CassandraStore;
 use sluice_checkpoint_fs::Checkpoint;
-use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, JsonlSink};
+use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, DiscardSink, JsonlSink};
 use sluice_executor::{Query, QueryOptions, QueryProgress};
-use sluice_kafka_source::KafkaSource;
-use sluice_offsets::{OffsetStore, Sink, Source};
+use sluice_kafka_source::{KafkaSink, KafkaSource};
+use sluice_offsets::{OffsetStore, PassThrough, Processor, Sink, Source};
+use sluice_sql::{Decoder, SqlProcessor, StreamQuery};
 use tokio::sync::watch;
 
-use config::{Settings, SinkKind, StoreKind};
-use exit::Exit;
+use config::{DeadLetters, Settings, SinkKind, StoreKind};
+use dead::DeadLetterSink;
+use exit::{Classify, Exit};
 
 /// Exactly-once micro-batches from Apache Kafka.
 #[derive(Parser)]
@@ -115,6 +118,18 @@ fn init_logging(format: LogFormat) {
 
 async fn run(config: PathBuf) -> Result<(), Exit> {
     let settings = config::load(&config).map_err(Exit::config)?;
+    // Planned before anything is opened, so that bad SQL touches no store.
+    let processor = match settings.processing.is_pass_through() {
+        true => None,
+        false => {
+            let processor = processor(&settings).await?;
+            if let SinkKind::Kafka(_) = &settings.sink {
+                KafkaSink::check_rows(&processor.output_schema())
+                    .map_err(|e| Exit::config(e.into()))?;
+            }
+            Some(processor)
+        }
+    };
     match settings.checkpoint.clone() {
         StoreKind::Directory(dir) => {
             let shown = dir.display().to_string();
@@ -123,7 +138,7 @@ async fn run(config: PathBuf) -> Result<(), Exit> {
                 .map_err(|e| Exit::runtime(anyhow::anyhow!("opening the checkpoint: {e}")))?
                 .map_err(Exit::checkpoint)?;
             let query_id = checkpoint.id().to_owned();
-            with_store(settings, query_id, checkpoint, shown).await
+            with_store(settings, processor, query_id, checkpoint, shown).await
         }
         StoreKind::Cassandra(location, options) => {
             let shown = format!("cassandra {}/{}", location.keyspace, location.query);
@@ -131,64 +146,212 @@ async fn run(config: PathBuf) -> Result<(), Exit> {
                 .await
                 .map_err(Exit::cassandra)?;
             let query_id = store.id().to_owned();
-            with_store(settings, query_id, store, shown).await
+            with_store(settings, processor, query_id, store, shown).await
         }
     }
 }
 
-/// Builds the source and the sink around an opened offset store, and runs.
-async fn with_store<St: OffsetStore>(
+/// Builds the source, the processor and the sink around an opened offset
+/// store, and runs.
+async fn with_store<St>(
     settings: Settings,
+    processor: Option<SqlProcessor>,
     query_id: String,
     store: St,
     shown: String,
-) -> Result<(), Exit> {
+) -> Result<(), Exit>
+where
+    St: OffsetStore,
+    St::Error: Classify,
+{
     let source =
         KafkaSource::new(settings.kafka.clone(), &query_id).map_err(|e| Exit::config(e.into()))?;
     tracing::info!(query = %query_id, offsets = %shown, "starting");
-    match settings.sink.clone() {
-        SinkKind::Discard => {
-            let sink = sluice_executor::sinks::DiscardSink;
-            run_query(settings, query_id, source, store, sink, "discard".into()).await
-        }
-        SinkKind::Console { json } => {
-            let format = if json {
-                ConsoleFormat::Json
-            } else {
-                ConsoleFormat::Text
-            };
-            let sink = ConsoleSink::new(format);
-            run_query(settings, query_id, source, store, sink, "console".into()).await
-        }
-        SinkKind::Kafka(config) => {
-            let description = format!("kafka[{}]", config.topic);
-            let sink = sluice_kafka_source::KafkaSink::new(config, &query_id)
-                .map_err(|e| Exit::config(e.into()))?;
-            run_query(settings, query_id, source, store, sink, description).await
-        }
-        SinkKind::Cassandra(config) => {
-            let description = format!("cassandra[{}.{}]", config.keyspace, config.table);
-            let sink = sluice_cassandra_store::CassandraSink::new(config)
+    let parts = Parts {
+        settings,
+        query_id,
+        source,
+    };
+    let Some(processor) = processor else {
+        return parts.records(store).await;
+    };
+    let dead = dead_letters(&parts.settings, &parts.query_id)?;
+    parts.rows(store, processor, dead).await
+}
+
+/// The decoder and the query of a configuration, planned.
+async fn processor(settings: &Settings) -> Result<SqlProcessor, Exit> {
+    let processing = &settings.processing;
+    let decoder = Decoder::new(processing.format.clone(), settings.kafka.include_headers);
+    let query = match &processing.sql {
+        Some(sql) => Some(
+            StreamQuery::plan(sql, &processing.table, decoder.schema())
                 .await
-                .map_err(Exit::cassandra)?;
-            run_query(settings, query_id, source, store, sink, description).await
+                .map_err(|e| Exit::config(anyhow::Error::new(e).context("query.sql")))?,
+        ),
+        None => None,
+    };
+    Ok(SqlProcessor::new(decoder, query))
+}
+
+fn dead_letters(settings: &Settings, query_id: &str) -> Result<DeadLetterSink, Exit> {
+    Ok(match &settings.dead_letters {
+        DeadLetters::None => DeadLetterSink::None(DiscardSink),
+        DeadLetters::Directory(path) => {
+            DeadLetterSink::Directory(JsonlSink::new(path).map_err(|e| Exit::runtime(e.into()))?)
         }
-        SinkKind::Jsonl { path } => {
-            let sink = JsonlSink::new(&path).map_err(|e| Exit::runtime(e.into()))?;
-            let description = format!("jsonl[{}]", path.display());
-            run_query(settings, query_id, source, store, sink, description).await
+        DeadLetters::Kafka(config) => DeadLetterSink::Kafka(Box::new(
+            KafkaSink::new(config.clone(), query_id).map_err(|e| Exit::config(e.into()))?,
+        )),
+    })
+}
+
+/// What every run needs, whatever its sink.
+struct Parts {
+    settings: Settings,
+    query_id: String,
+    source: KafkaSource,
+}
+
+impl Parts {
+    /// Runs with the records going to the sink as read.
+    async fn records<St>(self, store: St) -> Result<(), Exit>
+    where
+        St: OffsetStore,
+        St::Error: Classify,
+    {
+        let dead = DiscardSink;
+        match self.settings.sink.clone() {
+            SinkKind::Discard => {
+                self.run(store, PassThrough, DiscardSink, dead, "discard".into())
+                    .await
+            }
+            SinkKind::Console { json } => {
+                let sink = ConsoleSink::new(console_format(json));
+                self.run(store, PassThrough, sink, dead, "console".into())
+                    .await
+            }
+            SinkKind::Kafka(config) => {
+                let description = format!("kafka[{}]", config.topic);
+                let sink =
+                    KafkaSink::new(config, &self.query_id).map_err(|e| Exit::config(e.into()))?;
+                self.run(store, PassThrough, sink, dead, description).await
+            }
+            SinkKind::Cassandra(config) => {
+                let description = format!("cassandra[{}.{}]", config.keyspace, config.table);
+                let sink = sluice_cassandra_store::CassandraSink::new(config)
+                    .await
+                    .map_err(Exit::cassandra)?;
+                self.run(store, PassThrough, sink, dead, description).await
+            }
+            SinkKind::Jsonl { path } => {
+                let sink = JsonlSink::new(&path).map_err(|e| Exit::runtime(e.into()))?;
+                let description = format!("jsonl[{}]", path.display());
+                self.run(store, PassThrough, sink, dead, description).await
+            }
         }
+    }
+
+    /// Runs with the query's rows (or the decoded rows) going to the sink.
+    async fn rows<St>(
+        self,
+        store: St,
+        processor: SqlProcessor,
+        dead: DeadLetterSink,
+    ) -> Result<(), Exit>
+    where
+        St: OffsetStore,
+        St::Error: Classify,
+    {
+        let schema = processor.output_schema();
+        match self.settings.sink.clone() {
+            SinkKind::Discard => {
+                self.run(store, processor, DiscardSink, dead, "discard".into())
+                    .await
+            }
+            SinkKind::Console { json } => {
+                let sink = ConsoleSink::new(console_format(json));
+                self.run(store, processor, sink, dead, "console".into())
+                    .await
+            }
+            SinkKind::Kafka(config) => {
+                let description = format!("kafka[{}]", config.topic);
+                let sink =
+                    KafkaSink::new(config, &self.query_id).map_err(|e| Exit::config(e.into()))?;
+                self.run(store, processor, sink, dead, description).await
+            }
+            SinkKind::Cassandra(config) => {
+                let description = format!("cassandra[{}.{}]", config.keyspace, config.table);
+                let sink = sluice_cassandra_store::CassandraSink::for_rows(config, &schema)
+                    .await
+                    .map_err(Exit::cassandra)?;
+                self.run(store, processor, sink, dead, description).await
+            }
+            SinkKind::Jsonl { path } => {
+                let sink = JsonlSink::new(&path).map_err(|e| Exit::runtime(e.into()))?;
+                let description = format!("jsonl[{}]", path.display());
+                self.run(store, processor, sink, dead, description).await
+            }
+        }
+    }
+
+    async fn run<St, P, K, D>(
+        self,
+        store: St,
+        processor: P,
+        sink: K,
+        dead: D,
+        sink_description: String,
+    ) -> Result<(), Exit>
+    where
+        St: OffsetStore,
+        St::Error: Classify,
+        P: Processor,
+        P::Error: Classify,
+        K: Sink<P::Output>,
+        D: Sink,
+    {
+        run_query(
+            self.settings,
+            self.query_id,
+            self.source,
+            store,
+            processor,
+            sink,
+            dead,
+            sink_description,
+        )
+        .await
     }
 }
 
-async fn run_query<St: OffsetStore, K: Sink>(
+fn console_format(json: bool) -> ConsoleFormat {
+    if json {
+        ConsoleFormat::Json
+    } else {
+        ConsoleFormat::Text
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_query<St, P, K, D>(
     settings: Settings,
     query_id: String,
     source: KafkaSource,
     store: St,
+    processor: P,
     sink: K,
+    dead: D,
     sink_description: String,
-) -> Result<(), Exit> {
+) -> Result<(), Exit>
+where
+    St: OffsetStore,
+    St::Error: Classify,
+    P: Processor,
+    P::Error: Classify,
+    K: Sink<P::Output>,
+    D: Sink,
+{
     let options = QueryOptions {
         name: settings.name.clone(),
         trigger: settings.trigger,
@@ -200,6 +363,7 @@ async fn run_query<St: OffsetStore, K: Sink>(
         source_description: settings.source_description.clone(),
         sink_description,
         retry: settings.retry,
+        on_bad_record: settings.processing.on_bad_record,
     };
     let mut progress_file = match &settings.progress.file {
         Some(path) => Some(
@@ -226,7 +390,7 @@ async fn run_query<St: OffsetStore, K: Sink>(
     }
 
     let stop = stop_on_signals();
-    let mut query = Query::new(options, query_id, source, store, sink);
+    let mut query = Query::with_processor(options, query_id, source, store, processor, sink, dead);
     let on_progress = |progress: &QueryProgress| {
         if let Some(file) = progress_file.as_mut()
             && let Err(e) = writeln!(file, "{}", progress.to_json())
@@ -240,6 +404,7 @@ async fn run_query<St: OffsetStore, K: Sink>(
         batches = summary.batches,
         records = summary.records,
         lost_offsets = summary.lost_offsets,
+        bad_records = summary.bad_records,
         last_committed = summary.last_committed.map(|b| b.0),
         "stopped"
     );
@@ -308,6 +473,13 @@ fn stop_on_signals() -> watch::Receiver<bool> {
 
 async fn validate(config: PathBuf) -> Result<(), Exit> {
     let settings = config::load(&config).map_err(Exit::config)?;
+    if !settings.processing.is_pass_through() {
+        let processor = processor(&settings).await?;
+        if let SinkKind::Kafka(_) = &settings.sink {
+            KafkaSink::check_rows(&processor.output_schema())
+                .map_err(|e| Exit::config(e.into()))?;
+        }
+    }
     let mut source =
         KafkaSource::new(settings.kafka.clone(), "validate").map_err(|e| Exit::config(e.into()))?;
     let partitions = source

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, Offset, OffsetStore, PartitionOffsets,
-    Recovery, StoredBatches, TopicPartition, offsets_from_json, offsets_to_json,
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, PartitionOffsets, Recovery,
+    StoredBatches, offsets_from_json, offsets_to_json,
 };
 
 use crate::exit::Exit;
@@ -208,37 +208,14 @@ async fn read_offsets_table(nodes: &str, table: &str) -> Result<PartitionOffsets
         .map(|n| n.trim().to_owned())
         .filter(|n| !n.is_empty())
         .collect();
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_nodes(&nodes)
-        .build()
+    let offsets = sluice_cassandra_store::read_offsets_table(&nodes, table)
         .await
-        .with_context(|| format!("cannot connect to Cassandra at {}", nodes.join(",")))
-        .map_err(Exit::runtime)?;
-    let what = || format!("reading topic, partition, offset from {table}");
-    let rows = session
-        .query_unpaged(format!("SELECT topic, partition, offset FROM {table}"), ())
-        .await
-        .with_context(what)
-        .map_err(Exit::config)?
-        .into_rows_result()
-        .with_context(what)
-        .map_err(Exit::config)?;
-    let mut offsets = PartitionOffsets::new();
-    for row in rows
-        .rows::<(String, i32, i64)>()
-        .with_context(|| {
-            format!("{table} must have columns topic text, partition int, offset bigint")
-        })
-        .map_err(Exit::config)?
-    {
-        let (topic, partition, offset) = row.with_context(what).map_err(Exit::config)?;
-        let offset = Offset::new(offset).ok_or_else(|| {
-            Exit::config(anyhow!(
-                "{table}: {topic}-{partition} has a negative offset {offset}"
-            ))
+        .map_err(|e| match e {
+            sluice_cassandra_store::CassandraStoreError::Connect { .. } => {
+                Exit::runtime(anyhow::Error::new(e))
+            }
+            e => Exit::config(anyhow::Error::new(e)),
         })?;
-        offsets.insert(TopicPartition::new(topic, partition), offset);
-    }
     Ok(offsets)
 }
 

@@ -1,9 +1,11 @@
-//! `console`: records on standard output, for trying a query out.
+//! `console`: records or rows on standard output, for trying a query out.
 
 use std::io::Write;
 
+use arrow::array::RecordBatch;
 use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
 
+use super::rows::{textual, write_rows_json};
 use super::{SinkError, write_record_json};
 
 /// How the console sink prints.
@@ -86,5 +88,35 @@ fn text(bytes: Option<&[u8]>) -> String {
     match bytes {
         None => "null".to_owned(),
         Some(b) => String::from_utf8_lossy(b).into_owned(),
+    }
+}
+
+impl Sink<RecordBatch> for ConsoleSink {
+    type Error = SinkError;
+
+    async fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        _ranges: &[OffsetRange],
+    ) -> Result<(), SinkError> {
+        if self.format == ConsoleFormat::Text {
+            print(format!("-------- batch {batch} --------\n").as_bytes())?;
+        }
+        Ok(())
+    }
+
+    async fn write(&mut self, rows: &RecordBatch) -> Result<(), SinkError> {
+        let mut out = Vec::new();
+        match self.format {
+            ConsoleFormat::Json => write_rows_json(&mut out, rows).map_err(SinkError::Rows)?,
+            ConsoleFormat::Text => {
+                // A table as Spark's console sink prints one, binary as text.
+                let rows = textual(rows).map_err(SinkError::Rows)?;
+                let table = arrow::util::pretty::pretty_format_batches(&[rows])
+                    .map_err(|e| SinkError::Rows(e.to_string()))?;
+                out.extend_from_slice(format!("{table}\n").as_bytes());
+            }
+        }
+        print(&out)
     }
 }

@@ -1,5 +1,6 @@
 //! `discard`: a sink that keeps nothing, for measuring everything but the sink.
 
+use arrow::array::RecordBatch;
 use sluice_offsets::{RecordChunk, Sink};
 
 use super::SinkError;
@@ -12,6 +13,14 @@ impl Sink for DiscardSink {
     type Error = SinkError;
 
     async fn write(&mut self, _records: &RecordChunk) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+impl Sink<RecordBatch> for DiscardSink {
+    type Error = SinkError;
+
+    async fn write(&mut self, _rows: &RecordBatch) -> Result<(), SinkError> {
         Ok(())
     }
 }

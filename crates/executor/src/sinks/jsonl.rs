@@ -4,8 +4,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use arrow::array::RecordBatch;
 use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
 
+use super::rows::write_rows_json;
 use super::{SinkError, write_record_json};
 
 /// Writes each batch to `<dir>/batch-<id, 20 digits>.jsonl`, one record per line
@@ -76,14 +78,9 @@ fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SinkE
     }
 }
 
-impl Sink for JsonlSink {
-    type Error = SinkError;
-
-    async fn begin_batch(
-        &mut self,
-        batch: BatchId,
-        _ranges: &[OffsetRange],
-    ) -> Result<(), SinkError> {
+impl JsonlSink {
+    /// Starts `batch` in a new temporary file, dropping an abandoned one.
+    async fn begin(&mut self, batch: BatchId, _ranges: &[OffsetRange]) -> Result<(), SinkError> {
         let abandoned = self.open.take().map(|open| open.temp);
         let path = self.batch_path(batch);
         let dir = self.dir.clone();
@@ -115,16 +112,17 @@ impl Sink for JsonlSink {
         Ok(())
     }
 
-    async fn write(&mut self, records: &RecordChunk) -> Result<(), SinkError> {
+    /// Writes what `lines` appends to the open batch's file, in one write.
+    async fn append(
+        &mut self,
+        lines: impl FnOnce(&mut Vec<u8>) -> Result<(), SinkError>,
+    ) -> Result<(), SinkError> {
         let open = self
             .open
             .as_mut()
             .ok_or_else(|| SinkError::Task("records arrived outside a batch".to_owned()))?;
         open.lines.clear();
-        for record in records {
-            write_record_json(&mut open.lines, record);
-            open.lines.push(b'\n');
-        }
+        lines(&mut open.lines)?;
         self.with_open(move |open| {
             open.file
                 .write_all(&open.lines)
@@ -133,7 +131,8 @@ impl Sink for JsonlSink {
         .await
     }
 
-    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), SinkError> {
+    /// Makes the batch's file durable under its final name.
+    async fn finish(&mut self, batch: BatchId) -> Result<(), SinkError> {
         let path = self.batch_path(batch);
         let dir = self.dir.clone();
         self.with_open(move |open| {
@@ -152,6 +151,54 @@ impl Sink for JsonlSink {
         .await?;
         self.open = None;
         Ok(())
+    }
+}
+
+impl Sink for JsonlSink {
+    type Error = SinkError;
+
+    async fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> Result<(), SinkError> {
+        self.begin(batch, ranges).await
+    }
+
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), SinkError> {
+        self.append(|lines| {
+            for record in records {
+                write_record_json(lines, record);
+                lines.push(b'\n');
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), SinkError> {
+        self.finish(batch).await
+    }
+}
+
+impl Sink<RecordBatch> for JsonlSink {
+    type Error = SinkError;
+
+    async fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> Result<(), SinkError> {
+        self.begin(batch, ranges).await
+    }
+
+    async fn write(&mut self, rows: &RecordBatch) -> Result<(), SinkError> {
+        self.append(|lines| write_rows_json(lines, rows).map_err(SinkError::Rows))
+            .await
+    }
+
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), SinkError> {
+        self.finish(batch).await
     }
 }
 

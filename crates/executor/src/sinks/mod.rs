@@ -1,9 +1,11 @@
 //! The built-in sinks: `console` and `jsonl`, which write records in the same JSON
-//! shape (see [`write_record_json`]), and `discard`, which keeps nothing (for benchmarks).
+//! shape (see [`write_record_json`]) and rows as JSON objects (see
+//! [`write_rows_json`]), and `discard`, which keeps nothing (for benchmarks).
 
 mod console;
 mod discard;
 mod jsonl;
+mod rows;
 
 use std::io;
 use std::path::PathBuf;
@@ -14,6 +16,7 @@ use sluice_offsets::{RecordRef, TimestampType};
 pub use console::{ConsoleFormat, ConsoleSink};
 pub use discard::DiscardSink;
 pub use jsonl::JsonlSink;
+pub use rows::{textual, write_rows_json};
 
 /// An error of a built-in sink, naming the file concerned.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +35,9 @@ pub enum SinkError {
     /// The blocking write task did not finish.
     #[error("sink task failed: {0}")]
     Task(String),
+    /// Rows that could not be written as text.
+    #[error("writing rows: {0}")]
+    Rows(String),
 }
 
 /// Appends a record to `out` as one JSON object: `headers` (when present), `key`,

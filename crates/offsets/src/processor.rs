@@ -1,0 +1,137 @@
+//! What a batch's records become before they reach the sink.
+//!
+//! A [`Processor`] sits between the reader and the sink. It takes the batch's
+//! records chunk by chunk and gives the sink its output: the records themselves
+//! ([`PassThrough`]), or rows a query made of them. It is told where each batch
+//! begins and ends, so that an operator with state can restore the state of the
+//! batch before (a replay starts from version N-1), emit at the end what the
+//! batch's watermark closed, and make its state durable before the batch's
+//! commit ([`Processor::commit_state`]).
+
+use std::future::Future;
+
+use crate::{BatchId, BatchMetadata, RecordChunk};
+
+/// The header a record that could not be processed carries, naming why, when it
+/// goes to the dead letters.
+pub const ERROR_HEADER: &str = "sluice.error";
+
+/// What processing produced: output for the sink, and the records that could
+/// not be processed.
+#[derive(Debug)]
+pub struct Processed<O> {
+    /// Output for the sink, in order.
+    pub rows: Vec<O>,
+    /// How many rows `rows` holds in all.
+    pub row_count: u64,
+    /// The records that could not be processed (a value that does not decode),
+    /// each with an [`ERROR_HEADER`] header naming why.
+    pub bad: RecordChunk,
+}
+
+impl<O> Default for Processed<O> {
+    fn default() -> Self {
+        Processed {
+            rows: Vec::new(),
+            row_count: 0,
+            bad: RecordChunk::default(),
+        }
+    }
+}
+
+impl<O> Processed<O> {
+    /// Empties it for the next chunk.
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.row_count = 0;
+        self.bad.clear();
+    }
+}
+
+/// Turns a batch's records into its sink's input.
+///
+/// Contract: the executor calls `begin_batch` once the batch's plan is durable,
+/// `process` for every chunk, `finish_batch`, and `commit_state` before it
+/// writes the batch's commit. A batch begun again (a read retried, a replay after
+/// a crash) gets the same records again, and must give the same output.
+pub trait Processor: Send {
+    /// What the sink receives.
+    type Output: Send + Sync;
+    /// What can go wrong.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Starts `batch`, or starts it over. `metadata` is the plan's, with the
+    /// event-time watermark in force for the batch.
+    fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        metadata: &BatchMetadata,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = (batch, metadata);
+        async { Ok(()) }
+    }
+
+    /// Processes the batch's next records into `out`.
+    fn process(
+        &mut self,
+        records: RecordChunk,
+        out: &mut Processed<Self::Output>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Ends the batch, with what it still has to emit.
+    fn finish_batch(
+        &mut self,
+        batch: BatchId,
+        out: &mut Processed<Self::Output>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = (batch, out);
+        async { Ok(()) }
+    }
+
+    /// Makes the batch's state durable; called before its commit is written.
+    fn commit_state(
+        &mut self,
+        batch: BatchId,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = batch;
+        async { Ok(()) }
+    }
+
+    /// The event-time watermark for the next batch's plan, in epoch
+    /// milliseconds.
+    fn watermark_ms(&self) -> i64 {
+        0
+    }
+}
+
+/// No processing: the sink receives the records as read.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassThrough;
+
+impl Processor for PassThrough {
+    type Output = RecordChunk;
+    type Error = std::convert::Infallible;
+
+    async fn process(
+        &mut self,
+        records: RecordChunk,
+        out: &mut Processed<RecordChunk>,
+    ) -> Result<(), Self::Error> {
+        out.row_count += records.len() as u64;
+        out.rows.push(records);
+        Ok(())
+    }
+}
+
+/// What happens to a record that cannot be processed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BadRecordPolicy {
+    /// The query stops, naming the record and why.
+    #[default]
+    Fail,
+    /// It is left out and counted.
+    Skip,
+    /// It goes, as read and with the reason in a header, to the dead letters,
+    /// and is counted.
+    DeadLetter,
+}

@@ -1,0 +1,39 @@
+//! Errors of the SQL layer, each one line naming what was wrong.
+
+/// Why a schema, a query or a chunk's processing failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SqlError {
+    /// A schema in Spark's DDL form that does not parse.
+    #[error("schema {schema:?}: {reason} (at character {})", position + 1)]
+    Schema {
+        /// The schema as given.
+        schema: String,
+        /// Where in it, from 0.
+        position: usize,
+        /// What is wrong there.
+        reason: String,
+    },
+    /// SQL that does not parse.
+    #[error("SQL syntax error: {0}")]
+    Syntax(String),
+    /// SQL that parses but cannot be planned: an unknown column or table, a type
+    /// error.
+    #[error("{0}")]
+    Plan(String),
+    /// SQL that cannot run on an unbounded stream, or not yet.
+    #[error("{what} cannot run on a stream: {why}; {instead}")]
+    Refused {
+        /// The construct, as the user wrote it.
+        what: String,
+        /// Why it cannot run.
+        why: String,
+        /// What to write instead.
+        instead: String,
+    },
+    /// The query failed on a chunk's rows (a cast of a value that does not fit).
+    #[error("the query failed on a batch's rows: {0}")]
+    Execution(String),
+    /// A fault of Sluice, not of the input.
+    #[error("internal error in the SQL layer: {0}")]
+    Internal(String),
+}

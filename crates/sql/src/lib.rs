@@ -1,0 +1,27 @@
+//! SQL over the stream: records as Arrow, values decoded into columns, and
+//! stateless queries planned once by Apache DataFusion and run on every chunk.
+//!
+//! This crate computes and does no I/O: it turns [`RecordChunk`]s into Arrow
+//! record batches with Spark's Kafka columns ([`columns`]), decodes values in a
+//! declared schema ([`decode`], [`parse_ddl`]), and runs a query over them
+//! ([`StreamQuery`]), refusing what an unbounded stream cannot do. [`SqlProcessor`]
+//! puts the three together as the executor's [`Processor`].
+//!
+//! [`RecordChunk`]: sluice_offsets::RecordChunk
+//! [`Processor`]: sluice_offsets::Processor
+
+pub mod columns;
+mod ddl;
+pub mod decode;
+mod error;
+mod processor;
+mod query;
+
+pub use ddl::parse_ddl;
+pub use decode::{BadRecord, Decoded, Decoder, Format};
+pub use error::SqlError;
+pub use processor::SqlProcessor;
+pub use query::StreamQuery;
+
+/// Arrow, as this crate uses it, for the crates that take its rows.
+pub use arrow;
