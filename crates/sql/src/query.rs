@@ -16,9 +16,9 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, LogicalPlan, Volatility};
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
@@ -57,8 +57,14 @@ impl PartitionStream for SlotPartition {
     }
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let batches =
-            std::mem::take(&mut *self.slot.0.lock().unwrap_or_else(PoisonError::into_inner));
+        // Cloned, not taken: a query may scan the table more than once (each side
+        // of a UNION ALL), and every scan sees the chunk. `run` empties the slot.
+        let batches = self
+            .slot
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),
             futures::stream::iter(batches.into_iter().map(Ok)),
@@ -78,6 +84,10 @@ impl StreamQuery {
         // Spark's columns are named in camelCase (`timestampType`), and Spark
         // resolves names as written.
         config.options_mut().sql_parser.enable_ident_normalization = false;
+        // Spark SQL's own dialect: backquoted names, and Spark's Kafka columns
+        // (`partition`, `offset`, `timestamp`) unquoted anywhere in a SELECT list,
+        // where the generic dialect takes `offset` for the OFFSET clause.
+        config.options_mut().sql_parser.dialect = datafusion::config::Dialect::Spark;
         let mut ctx = SessionContext::new_with_config(config);
         datafusion_functions_json::register_all(&mut ctx)
             .map_err(|e| SqlError::Internal(e.to_string()))?;
@@ -96,16 +106,16 @@ impl StreamQuery {
             .state()
             .create_logical_plan(sql)
             .await
-            .map_err(|e| planning_error(e, table, sql))?;
+            .map_err(|e| planning_error(e, table))?;
         refuse_what_streams_cannot_do(&logical)?;
         let frame = ctx
             .execute_logical_plan(logical)
             .await
-            .map_err(|e| planning_error(e, table, sql))?;
+            .map_err(|e| planning_error(e, table))?;
         let plan = frame
             .create_physical_plan()
             .await
-            .map_err(|e| planning_error(e, table, sql))?;
+            .map_err(|e| planning_error(e, table))?;
         let schema = plan.schema();
         Ok(StreamQuery {
             plan,
@@ -122,20 +132,48 @@ impl StreamQuery {
 
     /// The query's rows for the source rows in `input`.
     pub async fn run(&self, input: RecordBatch) -> Result<Vec<RecordBatch>, SqlError> {
+        *self.slot.0.lock().unwrap_or_else(PoisonError::into_inner) = vec![input];
+        let out = self.run_partitions().await;
         self.slot
             .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(input);
-        let mut stream = self
-            .plan
-            .execute(0, self.task.clone())
-            .map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
+            .clear();
+        out
+    }
+
+    /// The query's rows for each row of `input` on its own, and the rows it
+    /// failed on, with the reason: for a chunk the query failed on as a whole.
+    pub async fn run_each(
+        &self,
+        input: &RecordBatch,
+    ) -> Result<(Vec<RecordBatch>, Vec<(usize, String)>), SqlError> {
+        let mut rows = Vec::new();
+        let mut failed = Vec::new();
+        for row in 0..input.num_rows() {
+            match self.run(input.slice(row, 1)).await {
+                Ok(out) => rows.extend(out),
+                Err(SqlError::Execution(reason)) => failed.push((row, reason)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((rows, failed))
+    }
+
+    /// Every output partition of the plan in turn: a UNION ALL has one per side.
+    async fn run_partitions(&self) -> Result<Vec<RecordBatch>, SqlError> {
         let mut out = Vec::new();
-        while let Some(batch) = stream.next().await {
-            let batch = batch.map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
-            if batch.num_rows() > 0 {
-                out.push(batch);
+        let partitions = self.plan.output_partitioning().partition_count();
+        for partition in 0..partitions {
+            let mut stream = self
+                .plan
+                .execute(partition, self.task.clone())
+                .map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
+            while let Some(batch) = stream.next().await {
+                let batch = batch.map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
+                if batch.num_rows() > 0 {
+                    out.push(batch);
+                }
             }
         }
         Ok(out)
@@ -145,10 +183,14 @@ impl StreamQuery {
 /// Refuses anything but one SELECT (or WITH ... SELECT) before planning, as
 /// DataFusion would plan an INSERT against the source table.
 fn only_one_select(sql: &str) -> Result<(), SqlError> {
-    use datafusion::sql::parser::{DFParser, Statement};
+    use datafusion::sql::parser::{DFParserBuilder, Statement};
     use datafusion::sql::sqlparser::ast::Statement as Sql;
-    let statements =
-        DFParser::parse_sql(sql).map_err(|e| SqlError::Syntax(one_line(&e.to_string())))?;
+    use datafusion::sql::sqlparser::dialect::SparkSqlDialect;
+    let statements = DFParserBuilder::new(sql)
+        .with_dialect(&SparkSqlDialect {})
+        .build()
+        .and_then(|mut parser| parser.parse_statements())
+        .map_err(|e| SqlError::Syntax(one_line(&e.to_string())))?;
     match statements.iter().collect::<Vec<_>>().as_slice() {
         [Statement::Statement(statement)] if matches!(statement.as_ref(), Sql::Query(_)) => Ok(()),
         [_] => Err(refused(
@@ -280,7 +322,7 @@ fn refused_expression(expr: &Expr) -> Option<SqlError> {
 }
 
 /// DataFusion's message on one line, with what only our users need to know.
-fn planning_error(error: DataFusionError, table: &str, sql: &str) -> SqlError {
+fn planning_error(error: DataFusionError, table: &str) -> SqlError {
     let error = error.find_root();
     let message = one_line(&error.to_string());
     let message = message
@@ -293,10 +335,7 @@ fn planning_error(error: DataFusionError, table: &str, sql: &str) -> SqlError {
         _ if message.contains("table '") && message.contains("not found") => SqlError::Plan(
             format!("{message}; the stream is the table `{table}` ([source] table)"),
         ),
-        _ => {
-            let _ = sql;
-            SqlError::Plan(message)
-        }
+        _ => SqlError::Plan(message),
     }
 }
 
@@ -362,6 +401,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn sparks_kafka_columns_need_no_quotes() {
+        let kafka = crate::Decoder::new(crate::Format::Raw, true).schema();
+        let query = StreamQuery::plan(
+            "SELECT key, value, topic, partition, offset, timestamp, timestampType, headers, \
+             `offset` + 1 AS next FROM source WHERE offset >= 0 AND partition = 0",
+            "source",
+            kafka,
+        )
+        .await;
+        assert!(query.is_ok(), "{:?}", query.err());
+    }
+
+    #[tokio::test]
     async fn what_a_stream_cannot_do_is_refused_with_the_reason() {
         for (sql, expected) in [
             (
@@ -384,12 +436,36 @@ mod tests {
             assert!(err.contains(expected), "{sql}: {err}");
             assert!(!err.contains('\n'), "{sql}: {err}");
         }
-        let ok = StreamQuery::plan(
-            "SELECT order FROM orders UNION ALL SELECT order + 1 FROM orders",
+    }
+
+    #[tokio::test]
+    async fn union_all_gives_the_rows_of_both_sides() {
+        let query = StreamQuery::plan(
+            "SELECT order FROM orders UNION ALL SELECT order + 10 FROM orders WHERE order > 1",
             "orders",
             input(),
         )
-        .await;
-        assert!(ok.is_ok(), "UNION ALL is stateless: {:?}", ok.err());
+        .await
+        .unwrap();
+        for _ in 0..2 {
+            let batch = RecordBatch::try_new(
+                input(),
+                vec![
+                    Arc::new(Int64Array::from(vec![1, 2])),
+                    Arc::new(StringArray::from(vec!["a", "b"])),
+                    Arc::new(arrow::array::Int32Array::from(vec![0, 0])),
+                ],
+            )
+            .unwrap();
+            let mut orders: Vec<i64> = query
+                .run(batch)
+                .await
+                .unwrap()
+                .iter()
+                .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+                .collect();
+            orders.sort_unstable();
+            assert_eq!(orders, [1, 2, 12]);
+        }
     }
 }
