@@ -128,6 +128,31 @@ pub async fn produce(producer: &FutureProducer, topic: &str, records: &[Out]) {
     producer.flush(TIMEOUT).expect("flushing the producer");
 }
 
+/// Produces values of any bytes, or none (tombstones), each to its partition,
+/// and waits until all are acknowledged.
+pub async fn produce_values(
+    producer: &FutureProducer,
+    topic: &str,
+    values: &[(i32, Option<Vec<u8>>)],
+) {
+    let mut deliveries = Vec::with_capacity(values.len());
+    for (partition, value) in values {
+        let mut record = FutureRecord::<(), [u8]>::to(topic).partition(*partition);
+        if let Some(value) = value {
+            record = record.payload(value.as_slice());
+        }
+        match producer.send_result(record) {
+            Ok(delivery) => deliveries.push(delivery),
+            Err((e, _)) => panic!("queueing a record for {topic} failed: {e}"),
+        }
+    }
+    for delivery in deliveries {
+        if let Err((e, _)) = delivery.await.expect("the producer stays open") {
+            panic!("a record to {topic} was not acknowledged: {e}");
+        }
+    }
+}
+
 /// `count` records to one partition, valued `<prefix>-<i>`.
 pub fn numbered(partition: i32, prefix: &str, count: usize) -> Vec<Out> {
     (0..count)

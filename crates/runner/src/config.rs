@@ -105,12 +105,18 @@ pub struct SourceSection {
     pub read_ahead_mb: Option<u64>,
     /// The name of the source table in `[query] sql`.
     pub table: Option<String>,
-    /// How values are read: "raw" (default), "json" or "csv".
+    /// How values are read: "raw" (default), "json", "csv" or "avro".
     pub format: Option<String>,
-    /// The values' columns, in Spark's DDL form, for json and csv.
+    /// The values' columns: in Spark's DDL form for json and csv, the writer's
+    /// schema in Avro's JSON form for avro.
     pub schema: Option<String>,
     /// A file holding `schema`.
     pub schema_file: Option<PathBuf>,
+    /// How Avro values are framed: "raw" (default, the datum alone, as Spark's
+    /// `from_avro` reads it) or "confluent" (a zero byte and a schema id first).
+    pub avro_wire_format: Option<String>,
+    /// With `avro_wire_format = "confluent"`: the id values must carry.
+    pub avro_schema_id: Option<u32>,
     /// What happens to a record whose value does not decode: "fail" (default),
     /// "skip" or "dead_letter".
     pub on_bad_record: Option<String>,
@@ -222,6 +228,12 @@ pub struct SinkSection {
     pub kind: String,
     pub path: Option<PathBuf>,
     pub format: Option<String>,
+    /// How many rows of each batch a `console` sink's table shows (Spark's
+    /// `numRows`, default 20).
+    pub num_rows: Option<usize>,
+    /// Whether a `console` sink's table cuts values to 20 characters (Spark's
+    /// `truncate`, default true).
+    pub truncate: Option<bool>,
     /// The output topic of a `kafka` sink.
     pub topic: Option<String>,
     /// The output cluster of a `kafka` sink; the source's by default.
@@ -258,8 +270,14 @@ pub struct ProgressSection {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkKind {
     Discard,
-    Console { json: bool },
-    Jsonl { path: PathBuf },
+    Console {
+        json: bool,
+        num_rows: usize,
+        truncate: bool,
+    },
+    Jsonl {
+        path: PathBuf,
+    },
     Kafka(sluice_kafka_source::KafkaSinkConfig),
     Cassandra(sluice_cassandra_store::CassandraSinkConfig),
 }
@@ -531,26 +549,49 @@ fn settings(config: Config) -> Result<Settings> {
         ),
         (None, None) => None,
     };
-    let declared = declared
-        .map(|text| sluice_sql::parse_ddl(text.trim()))
-        .transpose()
-        .context("source.schema")?;
-    let format = match (source.format.as_deref().unwrap_or("raw"), declared) {
+    let format_name = source.format.as_deref().unwrap_or("raw");
+    if format_name != "avro"
+        && (source.avro_wire_format.is_some() || source.avro_schema_id.is_some())
+    {
+        bail!("source.avro_wire_format and avro_schema_id apply to format = \"avro\" only");
+    }
+    let format = match (format_name, declared) {
         ("raw", None) => sluice_sql::Format::Raw,
         ("raw", Some(_)) => bail!(
-            "source.schema declares columns, but format is \"raw\": set format = \"json\" or \"csv\""
+            "source.schema declares columns, but format is \"raw\": set format = \"json\", \"csv\" \
+             or \"avro\""
         ),
-        ("json", Some(schema)) => sluice_sql::Format::Json(schema),
-        ("csv", Some(schema)) => sluice_sql::Format::Csv(schema),
+        ("json", Some(schema)) => {
+            sluice_sql::Format::Json(sluice_sql::parse_ddl(schema.trim()).context("source.schema")?)
+        }
+        ("csv", Some(schema)) => {
+            sluice_sql::Format::Csv(sluice_sql::parse_ddl(schema.trim()).context("source.schema")?)
+        }
         ("json" | "csv", None) => bail!(
-            "source.format = {:?} needs source.schema, the values' columns in Spark's DDL form, \
-             like \"order BIGINT, customer STRING, amount DOUBLE\"",
-            source.format.as_deref().unwrap_or_default()
+            "source.format = {format_name:?} needs source.schema, the values' columns in Spark's DDL \
+             form, like \"order BIGINT, customer STRING, amount DOUBLE\""
         ),
-        ("avro", _) => bail!(
-            "source.format = \"avro\" is not supported yet: use json or csv, or raw with a query"
+        ("avro", Some(schema)) => {
+            let wire = match (source.avro_wire_format.as_deref(), source.avro_schema_id) {
+                (None | Some("raw"), None) => sluice_sql::AvroWire::Raw,
+                (None | Some("raw"), Some(_)) => bail!(
+                    "source.avro_schema_id applies to avro_wire_format = \"confluent\", whose values \
+                     carry a schema id"
+                ),
+                (Some("confluent"), id) => sluice_sql::AvroWire::Confluent(id),
+                (Some(other), _) => {
+                    bail!("source.avro_wire_format must be \"raw\" or \"confluent\", not {other:?}")
+                }
+            };
+            sluice_sql::Format::Avro(sluice_sql::AvroFormat::new(schema.trim(), wire)?)
+        }
+        ("avro", None) => bail!(
+            "source.format = \"avro\" needs source.schema (or schema_file), the writer's schema in \
+             Avro's JSON form, like '{{\"type\": \"record\", \"name\": \"Order\", \"fields\": [...]}}'"
         ),
-        (other, _) => bail!("source.format must be \"raw\", \"json\" or \"csv\", not {other:?}"),
+        (other, _) => {
+            bail!("source.format must be \"raw\", \"json\", \"csv\" or \"avro\", not {other:?}")
+        }
     };
     let on_bad_record = match source.on_bad_record.as_deref() {
         None | Some("fail") => sluice_offsets::BadRecordPolicy::Fail,
@@ -594,7 +635,7 @@ fn settings(config: Config) -> Result<Settings> {
     if format == sluice_sql::Format::Raw && on_bad_record != sluice_offsets::BadRecordPolicy::Fail {
         bail!(
             "source.on_bad_record applies to values that do not decode, but format is \"raw\": \
-             set format = \"json\" or \"csv\" with a schema"
+             set format = \"json\", \"csv\" or \"avro\" with a schema"
         );
     }
     let processing = Processing {
@@ -611,7 +652,17 @@ fn settings(config: Config) -> Result<Settings> {
                 Some("json") => true,
                 Some(other) => bail!("sink.format must be \"text\" or \"json\", not {other:?}"),
             };
-            SinkKind::Console { json }
+            if config.sink.num_rows == Some(0) {
+                bail!("sink.num_rows must be at least 1");
+            }
+            SinkKind::Console {
+                json,
+                num_rows: config
+                    .sink
+                    .num_rows
+                    .unwrap_or(sluice_executor::sinks::DEFAULT_NUM_ROWS),
+                truncate: config.sink.truncate.unwrap_or(true),
+            }
         }
         "discard" => SinkKind::Discard,
         "jsonl" => SinkKind::Jsonl {
@@ -853,6 +904,40 @@ mod tests {
         assert_eq!(
             settings.trigger,
             Trigger::ProcessingTime(Duration::from_secs(10))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_demo_config_decodes_json_and_plans_its_query() {
+        let settings = parse(include_str!("../../../examples/demo.toml")).unwrap();
+        let processing = &settings.processing;
+        assert!(matches!(processing.format, sluice_sql::Format::Json(_)));
+        let decoder = sluice_sql::Decoder::new(processing.format.clone(), false);
+        let query = sluice_sql::StreamQuery::plan(
+            processing.sql.as_deref().expect("the demo has a query"),
+            &processing.table,
+            decoder.schema(),
+        )
+        .await
+        .unwrap();
+        let columns: Vec<String> = query
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(
+            columns,
+            [
+                "order",
+                "customer",
+                "item",
+                "quantity",
+                "total",
+                "size",
+                "partition",
+                "offset"
+            ]
         );
     }
 

@@ -226,7 +226,7 @@ impl Parts {
                 self.run(store, PassThrough, DiscardSink, dead, "discard".into())
                     .await
             }
-            SinkKind::Console { json } => {
+            SinkKind::Console { json, .. } => {
                 let sink = ConsoleSink::new(console_format(json));
                 self.run(store, PassThrough, sink, dead, "console".into())
                     .await
@@ -269,8 +269,12 @@ impl Parts {
                 self.run(store, processor, DiscardSink, dead, "discard".into())
                     .await
             }
-            SinkKind::Console { json } => {
-                let sink = ConsoleSink::new(console_format(json));
+            SinkKind::Console {
+                json,
+                num_rows,
+                truncate,
+            } => {
+                let sink = ConsoleSink::new(console_format(json)).with_table(num_rows, truncate);
                 self.run(store, processor, sink, dead, "console".into())
                     .await
             }

@@ -1,18 +1,21 @@
 //! Values decoded into columns: the source table's rows.
 //!
 //! With `format = "raw"` the table has Spark's Kafka columns ([`crate::columns`]).
-//! With `json` or `csv` it has the declared columns, decoded from each value by
-//! arrow's readers, followed by the Kafka columns other than `value` and other
-//! than any the schema declares itself. A value that does not decode to exactly
-//! one row is a bad record, returned with the decoder's reason; the others still
-//! make their rows.
+//! With `json`, `csv` or `avro` it has the declared columns, decoded from each
+//! value by arrow's readers, followed by the Kafka columns other than `value` and
+//! other than any the schema declares itself. A value that does not decode to
+//! exactly one row is a bad record, returned with the decoder's reason; the
+//! others still make their rows. A null value (a tombstone) is a row of nulls, as
+//! Spark's `from_json` and `from_avro` make of it, unless a column is `NOT NULL`.
 
 use std::sync::Arc;
 
-use arrow::array::{BooleanArray, RecordBatch};
-use arrow::compute::{concat_batches, filter_record_batch};
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::array::{Array, BooleanArray, RecordBatch, UInt32Array};
+use arrow::compute::{concat_batches, filter_record_batch, take_record_batch};
+use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::error::ArrowError;
+use arrow_avro::reader::ReaderBuilder as AvroReaderBuilder;
+use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
 use sluice_offsets::RecordChunk;
 
 use crate::SqlError;
@@ -27,6 +30,131 @@ pub enum Format {
     Json(SchemaRef),
     /// One line of comma-separated values per value, without a header.
     Csv(SchemaRef),
+    /// One Avro datum per value, in a schema given as Avro's JSON.
+    Avro(AvroFormat),
+}
+
+impl Format {
+    /// The columns a value decodes into; none for `Raw`.
+    pub fn declared(&self) -> Option<&SchemaRef> {
+        match self {
+            Format::Raw => None,
+            Format::Json(schema) | Format::Csv(schema) => Some(schema),
+            Format::Avro(avro) => Some(&avro.columns),
+        }
+    }
+}
+
+/// How an Avro value is framed in the record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AvroWire {
+    /// The datum alone, as Spark's `from_avro` reads it.
+    Raw,
+    /// Confluent's framing: a zero byte and the 4-byte big-endian id of the
+    /// writer's schema in a registry, then the datum. With an id, values written
+    /// with another schema are bad records; without one, any id is read with the
+    /// given schema.
+    Confluent(Option<u32>),
+}
+
+/// Avro values: the writer's schema and how each value is framed.
+#[derive(Clone, Debug)]
+pub struct AvroFormat {
+    schema: String,
+    wire: AvroWire,
+    columns: SchemaRef,
+}
+
+impl PartialEq for AvroFormat {
+    fn eq(&self, other: &AvroFormat) -> bool {
+        self.schema == other.schema && self.wire == other.wire
+    }
+}
+
+impl Eq for AvroFormat {}
+
+/// The id under which the one writer's schema is registered with arrow's
+/// decoder: every value is handed to it behind a Confluent prefix with this id.
+const AVRO_ID: u32 = 0;
+
+impl AvroFormat {
+    /// Avro values written with `schema` (Avro's JSON form, a record), framed as
+    /// `wire`. Fails when the schema does not parse or is not a record.
+    pub fn new(schema: &str, wire: AvroWire) -> Result<AvroFormat, SqlError> {
+        let bad = |reason: String| SqlError::AvroSchema {
+            reason: crate::query::one_line(&reason),
+        };
+        let parsed: serde_json::Value =
+            serde_json::from_str(schema).map_err(|e| bad(format!("it is not JSON: {e}")))?;
+        if parsed.get("type").and_then(|t| t.as_str()) != Some("record") {
+            return Err(bad(
+                "it must be a record (`{\"type\": \"record\", \"name\": ..., \"fields\": [...]}`), \
+                 whose fields become the columns"
+                    .to_owned(),
+            ));
+        }
+        let mut format = AvroFormat {
+            schema: schema.to_owned(),
+            wire,
+            columns: Arc::new(Schema::empty()),
+        };
+        let decoder = format.decoder(1).map_err(|e| bad(e.to_string()))?;
+        // Top-level columns may be null, so that a tombstone can be a row of nulls.
+        let columns: Vec<Field> = decoder
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| {
+                f.as_ref()
+                    .clone()
+                    .with_nullable(true)
+                    .with_metadata(Default::default())
+            })
+            .collect();
+        format.columns = Arc::new(Schema::new(columns));
+        Ok(format)
+    }
+
+    fn decoder(&self, rows: usize) -> Result<arrow_avro::reader::Decoder, ArrowError> {
+        let mut store = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
+        store.set(
+            Fingerprint::Id(AVRO_ID),
+            AvroSchema::new(self.schema.clone()),
+        )?;
+        AvroReaderBuilder::new()
+            .with_writer_schema_store(store)
+            .with_batch_size(rows.max(1))
+            .build_decoder()
+    }
+
+    /// The datum inside a value, or why there is none.
+    fn datum<'a>(&self, value: &'a [u8]) -> Result<&'a [u8], String> {
+        match self.wire {
+            AvroWire::Raw => Ok(value),
+            AvroWire::Confluent(expected) => {
+                let (&[0, a, b, c, d], datum) = value.split_first_chunk::<5>().ok_or_else(|| {
+                    format!(
+                        "a Confluent-framed value starts with a zero byte and a 4-byte schema id; \
+                         this one has {} bytes",
+                        value.len()
+                    )
+                })?
+                else {
+                    return Err(format!(
+                        "a Confluent-framed value starts with a zero byte, this one with {:#04x}",
+                        value[0]
+                    ));
+                };
+                let id = u32::from_be_bytes([a, b, c, d]);
+                match expected {
+                    Some(expected) if expected != id => Err(format!(
+                        "written with schema id {id}, but source.avro_schema_id is {expected}"
+                    )),
+                    _ => Ok(datum),
+                }
+            }
+        }
+    }
 }
 
 /// A record whose value did not decode.
@@ -52,6 +180,7 @@ pub struct Decoded {
 pub struct Decoder {
     format: Format,
     kafka: KafkaColumns,
+    kafka_schema: SchemaRef,
     schema: SchemaRef,
 }
 
@@ -59,12 +188,12 @@ impl Decoder {
     /// A decoder for `format`, with the `headers` column when `include_headers`.
     pub fn new(format: Format, include_headers: bool) -> Decoder {
         let spark = KafkaColumns::spark(include_headers);
-        let (kafka, schema) = match &format {
-            Format::Raw => {
+        let (kafka, schema) = match format.declared() {
+            None => {
                 let schema = Arc::new(Schema::new(spark.fields()));
                 (spark, schema)
             }
-            Format::Json(declared) | Format::Csv(declared) => {
+            Some(declared) => {
                 let names: Vec<&str> = declared
                     .fields()
                     .iter()
@@ -83,6 +212,7 @@ impl Decoder {
         };
         Decoder {
             format,
+            kafka_schema: Arc::new(Schema::new(kafka.fields())),
             kafka,
             schema,
         }
@@ -95,27 +225,21 @@ impl Decoder {
 
     /// The rows of `chunk`'s records.
     pub fn decode(&self, chunk: &RecordChunk) -> Result<Decoded, SqlError> {
-        let declared = match &self.format {
-            Format::Raw => {
-                let batch = RecordBatch::try_new(self.schema.clone(), self.kafka.arrays(chunk))
-                    .map_err(|e| SqlError::Internal(e.to_string()))?;
-                return Ok(Decoded {
-                    batch,
-                    bad: Vec::new(),
-                });
-            }
-            Format::Json(declared) | Format::Csv(declared) => declared,
+        let Some(declared) = self.format.declared() else {
+            let batch = RecordBatch::try_new(self.schema.clone(), self.kafka.arrays(chunk))
+                .map_err(|e| SqlError::Internal(e.to_string()))?;
+            return Ok(Decoded {
+                batch,
+                bad: Vec::new(),
+            });
         };
-        let (values, bad) = match self.decode_all(declared, chunk) {
-            Ok(batch) => (batch, Vec::new()),
+        let (values, bad) = match self.decode_all(chunk) {
+            Some(batch) => (batch, Vec::new()),
             // Some value did not decode: find which, one at a time.
-            Err(_) => self.decode_each(declared, chunk)?,
+            None => self.decode_each(declared, chunk)?,
         };
-        let mut kafka = RecordBatch::try_new(
-            Arc::new(Schema::new(self.kafka.fields())),
-            self.kafka.arrays(chunk),
-        )
-        .map_err(|e| SqlError::Internal(e.to_string()))?;
+        let mut kafka = RecordBatch::try_new(self.kafka_schema.clone(), self.kafka.arrays(chunk))
+            .map_err(|e| SqlError::Internal(e.to_string()))?;
         if !bad.is_empty() {
             let mut keep = vec![true; chunk.len()];
             for b in &bad {
@@ -135,28 +259,24 @@ impl Decoder {
         Ok(Decoded { batch, bad })
     }
 
-    /// Every value at once; an error if any does not make exactly one row.
-    fn decode_all(
-        &self,
-        declared: &SchemaRef,
-        chunk: &RecordChunk,
-    ) -> Result<RecordBatch, ArrowError> {
-        let mut text = Vec::with_capacity(chunk.byte_len() + 2 * chunk.len());
-        for record in chunk {
-            push_value(&self.format, record.value(), &mut text);
+    /// Every value through one decoder, each checked to make exactly one row;
+    /// `None` if any does not.
+    fn decode_all(&self, chunk: &RecordChunk) -> Option<RecordBatch> {
+        let declared = self.format.declared()?;
+        let mut decoder = RowDecoder::new(&self.format, chunk.len()).ok()?;
+        let mut tombstones = Vec::new();
+        for (index, record) in chunk.iter().enumerate() {
+            match record.value() {
+                Some(value) => decoder.push(value).ok()?,
+                None => tombstones.push(index),
+            }
         }
-        let batch = self.run(declared, &text, chunk.len())?;
-        if batch.num_rows() != chunk.len() {
-            return Err(ArrowError::ParseError(format!(
-                "{} rows from {} values",
-                batch.num_rows(),
-                chunk.len()
-            )));
-        }
-        Ok(batch)
+        let values = decoder.finish(declared).ok()?;
+        with_null_rows(values, chunk.len(), &tombstones).ok()
     }
 
-    /// Each value on its own, so that a bad one is named and the others kept.
+    /// Each value through a decoder of its own, so that a bad one is named and
+    /// the others kept.
     fn decode_each(
         &self,
         declared: &SchemaRef,
@@ -164,98 +284,179 @@ impl Decoder {
     ) -> Result<(RecordBatch, Vec<BadRecord>), SqlError> {
         let mut good = Vec::with_capacity(chunk.len());
         let mut bad = Vec::new();
-        let mut text = Vec::new();
         for (index, record) in chunk.iter().enumerate() {
-            text.clear();
-            push_value(&self.format, record.value(), &mut text);
-            match self.run(declared, &text, 1) {
-                Ok(batch) if batch.num_rows() == 1 => good.push(batch),
-                Ok(batch) => bad.push(BadRecord {
-                    index,
-                    reason: format!(
-                        "a value must hold exactly one {}, this one holds {}",
-                        self.unit(),
-                        batch.num_rows()
-                    ),
-                }),
-                Err(e) => bad.push(BadRecord {
-                    index,
-                    reason: e.to_string(),
-                }),
+            let row = match record.value() {
+                Some(value) => RowDecoder::new(&self.format, 1)
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut decoder| {
+                        decoder.push(value)?;
+                        decoder.finish(declared).map_err(|e| e.to_string())
+                    }),
+                None => with_null_rows(RecordBatch::new_empty(declared.clone()), 1, &[0]),
+            };
+            match row {
+                Ok(row) => good.push(row),
+                Err(reason) => bad.push(BadRecord { index, reason }),
             }
         }
         let batch =
             concat_batches(declared, &good).map_err(|e| SqlError::Internal(e.to_string()))?;
         Ok((batch, bad))
     }
+}
 
-    fn unit(&self) -> &'static str {
-        match self.format {
-            Format::Csv(_) => "line",
-            _ => "JSON object",
-        }
+/// `values`, one row per non-null value, spread over `rows` rows with a row of
+/// nulls at each of `tombstones`.
+fn with_null_rows(
+    values: RecordBatch,
+    rows: usize,
+    tombstones: &[usize],
+) -> Result<RecordBatch, String> {
+    if tombstones.is_empty() {
+        return Ok(values);
+    }
+    if let Some(field) = values.schema().fields().iter().find(|f| !f.is_nullable()) {
+        return Err(format!(
+            "a null value (a tombstone) makes a row of nulls, but column `{}` is NOT NULL",
+            field.name()
+        ));
+    }
+    let mut next = 0u32;
+    let mut tombstones = tombstones.iter().peekable();
+    let indices: UInt32Array = (0..rows)
+        .map(|row| {
+            if tombstones.next_if_eq(&&row).is_some() {
+                None
+            } else {
+                next += 1;
+                Some(next - 1)
+            }
+        })
+        .collect();
+    debug_assert_eq!(indices.len() - indices.null_count(), values.num_rows());
+    take_record_batch(&values, &indices).map_err(|e| e.to_string())
+}
+
+/// One format's decoder, fed one value at a time, so that every value is seen to
+/// make exactly one row: a value holding two objects, or none, would otherwise
+/// shift the rows against their records.
+enum RowDecoder<'f> {
+    Json(arrow::json::reader::Decoder),
+    Csv(Box<arrow::csv::reader::Decoder>),
+    Avro(&'f AvroFormat, arrow_avro::reader::Decoder),
+}
+
+impl<'f> RowDecoder<'f> {
+    /// A decoder for up to `rows` values.
+    fn new(format: &'f Format, rows: usize) -> Result<RowDecoder<'f>, ArrowError> {
+        // Room for one more row than values, so that a value holding two is seen.
+        let capacity = rows + 1;
+        Ok(match format {
+            Format::Json(schema) => RowDecoder::Json(
+                arrow::json::ReaderBuilder::new(schema.clone())
+                    .with_batch_size(capacity)
+                    .build_decoder()?,
+            ),
+            Format::Csv(schema) => RowDecoder::Csv(Box::new(
+                arrow::csv::ReaderBuilder::new(schema.clone())
+                    .with_header(false)
+                    .with_batch_size(capacity)
+                    .build_decoder(),
+            )),
+            // Exactly as many as values: a decoder that is full stops after a
+            // datum, so that bytes left after it are seen as such.
+            Format::Avro(avro) => RowDecoder::Avro(avro, avro.decoder(rows)?),
+            Format::Raw => {
+                return Err(ArrowError::InvalidArgumentError(
+                    "raw values are not decoded".to_owned(),
+                ));
+            }
+        })
     }
 
-    /// Decodes `text`, which holds up to `rows` values, into one batch.
-    fn run(
-        &self,
-        declared: &SchemaRef,
-        text: &[u8],
-        rows: usize,
-    ) -> Result<RecordBatch, ArrowError> {
-        // Room for one more row than expected, so that a value holding two is seen.
-        let batch_size = rows + 1;
-        let batch = match &self.format {
-            Format::Json(_) => {
-                let mut decoder = arrow::json::ReaderBuilder::new(declared.clone())
-                    .with_batch_size(batch_size)
-                    .build_decoder()?;
-                let mut at = 0;
-                while at < text.len() {
-                    let read = decoder.decode(&text[at..])?;
-                    if read == 0 {
-                        break;
-                    }
-                    at += read;
+    /// Decodes one value, which must make exactly one row.
+    fn push(&mut self, value: &[u8]) -> Result<(), String> {
+        match self {
+            RowDecoder::Json(decoder) => {
+                let before = decoder.len();
+                feed(value, |bytes| decoder.decode(bytes)).map_err(|e| e.to_string())?;
+                // The line's end closes a value cut short, so that it counts.
+                feed(b"\n", |bytes| decoder.decode(bytes)).map_err(|e| e.to_string())?;
+                let made = decoder.len() - before;
+                if made != 1 || decoder.has_partial_record() {
+                    return Err(one_row("JSON object", made, decoder.has_partial_record()));
                 }
-                decoder.flush()?
             }
-            Format::Csv(_) => {
-                let mut decoder = arrow::csv::ReaderBuilder::new(declared.clone())
-                    .with_header(false)
-                    .with_batch_size(batch_size)
-                    .build_decoder();
-                let mut at = 0;
-                while at < text.len() {
-                    let read = decoder.decode(&text[at..])?;
-                    if read == 0 {
-                        break;
-                    }
-                    at += read;
+            RowDecoder::Csv(decoder) => {
+                let before = decoder.capacity();
+                feed(value, |bytes| decoder.decode(bytes)).map_err(|e| e.to_string())?;
+                feed(b"\n", |bytes| decoder.decode(bytes)).map_err(|e| e.to_string())?;
+                let made = before - decoder.capacity();
+                if made != 1 {
+                    return Err(one_row("line", made, false));
                 }
-                decoder.flush()?
             }
-            Format::Raw => None,
+            RowDecoder::Avro(format, decoder) => {
+                let datum = format.datum(value)?;
+                let before = decoder.capacity();
+                let prefix = [0, 0, 0, 0, 0];
+                let read = decoder.decode(&prefix).map_err(|e| e.to_string())?;
+                let body = decoder.decode(datum).map_err(|e| e.to_string())?;
+                if read != prefix.len() || before - decoder.capacity() != 1 {
+                    return Err(format!(
+                        "the value ends inside its Avro datum ({} bytes)",
+                        datum.len()
+                    ));
+                }
+                if body != datum.len() {
+                    return Err(format!(
+                        "the value holds {} bytes after its Avro datum",
+                        datum.len() - body
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows decoded so far, in the columns `format` declares.
+    fn finish(self, declared: &SchemaRef) -> Result<RecordBatch, ArrowError> {
+        let batch = match self {
+            RowDecoder::Json(mut decoder) => decoder.flush()?,
+            RowDecoder::Csv(mut decoder) => decoder.flush()?,
+            // Avro's own schema carries metadata and non-null fields; the table's
+            // columns are the same without them.
+            RowDecoder::Avro(_, mut decoder) => decoder
+                .flush()
+                .map_err(ArrowError::from)?
+                .map(|batch| batch.with_schema(declared.clone()))
+                .transpose()?,
         };
         Ok(batch.unwrap_or_else(|| RecordBatch::new_empty(declared.clone())))
     }
 }
 
-/// Appends a value as one line of the format. A null value (a tombstone) is a
-/// row of nulls, as Spark's `from_json` makes of it.
-fn push_value(format: &Format, value: Option<&[u8]>, text: &mut Vec<u8>) {
-    match (format, value) {
-        (_, Some(value)) => text.extend_from_slice(value),
-        (Format::Json(_), None) => text.extend_from_slice(b"{}"),
-        (Format::Csv(declared), None) => {
-            text.extend(std::iter::repeat_n(
-                b',',
-                declared.fields().len().saturating_sub(1),
-            ));
+/// Feeds all of `bytes` to a push decoder that may take them in parts.
+fn feed(
+    mut bytes: &[u8],
+    mut decode: impl FnMut(&[u8]) -> Result<usize, ArrowError>,
+) -> Result<(), ArrowError> {
+    while !bytes.is_empty() {
+        let read = decode(bytes)?;
+        if read == 0 {
+            break;
         }
-        (Format::Raw, None) => {}
+        bytes = &bytes[read..];
     }
-    text.push(b'\n');
+    Ok(())
+}
+
+fn one_row(unit: &str, made: usize, partial: bool) -> String {
+    if partial {
+        format!("a value must hold exactly one {unit}, this one ends inside one")
+    } else {
+        format!("a value must hold exactly one {unit}, this one holds {made}")
+    }
 }
 
 #[cfg(test)]
@@ -268,6 +469,14 @@ mod tests {
     use crate::parse_ddl;
 
     fn chunk(values: &[Option<&str>]) -> RecordChunk {
+        let values: Vec<Option<Vec<u8>>> = values
+            .iter()
+            .map(|v| v.map(|v| v.as_bytes().to_vec()))
+            .collect();
+        binary_chunk(&values)
+    }
+
+    fn binary_chunk(values: &[Option<Vec<u8>>]) -> RecordChunk {
         let mut chunk = RecordChunk::default();
         for (i, value) in values.iter().enumerate() {
             chunk.push_record(&Record {
@@ -277,7 +486,7 @@ mod tests {
                 timestamp_ms: Some(1_700_000_000_000),
                 timestamp_type: TimestampType::CreateTime,
                 key: None,
-                value: value.map(|v| v.as_bytes().to_vec()),
+                value: value.clone(),
                 headers: Vec::new(),
             });
         }
@@ -377,5 +586,195 @@ mod tests {
         let decoded = decoder.decode(&chunk(&[Some("x"), None])).unwrap();
         assert_eq!(decoded.batch.num_columns(), 7);
         assert!(decoded.batch.column(1).is_null(1));
+    }
+
+    #[test]
+    fn a_value_holding_two_rows_or_none_does_not_shift_the_others() {
+        let schema = parse_ddl("order BIGINT").unwrap();
+        let decoder = Decoder::new(Format::Json(schema), false);
+        // Two objects in one value and none in the next: as many rows as values,
+        // which must not pass for one row each.
+        let decoded = decoder
+            .decode(&chunk(&[
+                Some(r#"{"order":1}"#),
+                Some(r#"{"order":5}{"order":6}"#),
+                Some("  "),
+                Some(r#"{"order":4}"#),
+            ]))
+            .unwrap();
+        let bad: Vec<usize> = decoded.bad.iter().map(|b| b.index).collect();
+        assert_eq!(bad, [1, 2]);
+        let orders = decoded.batch.column(0).as_primitive::<Int64Type>();
+        let offsets = decoded.batch.column_by_name("offset").unwrap();
+        let offsets = offsets.as_primitive::<Int64Type>();
+        assert_eq!(
+            (0..2)
+                .map(|i| (orders.value(i), offsets.value(i)))
+                .collect::<Vec<_>>(),
+            [(1, 0), (4, 3)]
+        );
+
+        let csv = Decoder::new(Format::Csv(parse_ddl("a INT, b STRING").unwrap()), false);
+        let decoded = csv
+            .decode(&chunk(&[Some("1,x\n2,y"), Some(""), Some("3,z")]))
+            .unwrap();
+        let bad: Vec<usize> = decoded.bad.iter().map(|b| b.index).collect();
+        assert_eq!(bad, [0, 1]);
+        assert_eq!(decoded.batch.num_rows(), 1);
+    }
+
+    #[test]
+    fn a_tombstone_is_a_row_of_nulls_unless_a_column_is_not_null() {
+        let csv = Decoder::new(Format::Csv(parse_ddl("a INT").unwrap()), false);
+        let decoded = csv.decode(&chunk(&[Some("1"), None, Some("3")])).unwrap();
+        assert!(decoded.bad.is_empty(), "{:?}", decoded.bad);
+        let a = decoded
+            .batch
+            .column(0)
+            .as_primitive::<arrow::datatypes::Int32Type>();
+        assert_eq!(a.iter().collect::<Vec<_>>(), [Some(1), None, Some(3)]);
+
+        let strict = Decoder::new(
+            Format::Json(parse_ddl("order BIGINT NOT NULL").unwrap()),
+            false,
+        );
+        let decoded = strict
+            .decode(&chunk(&[Some(r#"{"order":1}"#), None]))
+            .unwrap();
+        assert_eq!(decoded.batch.num_rows(), 1);
+        assert_eq!(decoded.bad.len(), 1);
+        assert!(
+            decoded.bad[0].reason.contains("`order` is NOT NULL"),
+            "{}",
+            decoded.bad[0].reason
+        );
+    }
+
+    const ORDER_AVRO: &str = r#"{"type": "record", "name": "Order", "fields": [
+        {"name": "order", "type": "long"},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": ["null", "double"]}
+    ]}"#;
+
+    /// An Avro long, zig-zag encoded as a variable-length integer.
+    fn avro_long(mut out: Vec<u8>, n: i64) -> Vec<u8> {
+        let mut z = ((n << 1) ^ (n >> 63)) as u64;
+        while z >= 0x80 {
+            out.push((z as u8) | 0x80);
+            z >>= 7;
+        }
+        out.push(z as u8);
+        out
+    }
+
+    fn avro_order(order: i64, customer: &str, amount: Option<f64>) -> Vec<u8> {
+        let mut out = avro_long(Vec::new(), order);
+        out = avro_long(out, customer.len() as i64);
+        out.extend_from_slice(customer.as_bytes());
+        match amount {
+            None => avro_long(out, 0),
+            Some(amount) => {
+                let mut out = avro_long(out, 1);
+                out.extend_from_slice(&amount.to_le_bytes());
+                out
+            }
+        }
+    }
+
+    #[test]
+    fn avro_datums_become_columns_and_bad_ones_are_named() {
+        let format = AvroFormat::new(ORDER_AVRO, AvroWire::Raw).unwrap();
+        let decoder = Decoder::new(Format::Avro(format), false);
+        let names: Vec<String> = decoder
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(&names[..4], ["order", "customer", "amount", "key"]);
+        let mut trailing = avro_order(4, "d", None);
+        trailing.push(7);
+        let good = avro_order(1, "ann", Some(2.5));
+        let decoded = decoder
+            .decode(&binary_chunk(&[
+                Some(good.clone()),
+                None,
+                Some(good[..3].to_vec()),
+                Some(trailing),
+                Some(avro_order(5, "eve", None)),
+            ]))
+            .unwrap();
+        let bad: Vec<(usize, &str)> = decoded
+            .bad
+            .iter()
+            .map(|b| (b.index, b.reason.as_str()))
+            .collect();
+        assert_eq!(bad.len(), 2, "{bad:?}");
+        assert_eq!(bad[0].0, 2);
+        assert!(bad[0].1.contains("ends inside"), "{bad:?}");
+        assert_eq!(bad[1].0, 3);
+        assert!(bad[1].1.contains("1 bytes after"), "{bad:?}");
+        let batch = &decoded.batch;
+        assert_eq!(batch.num_rows(), 3);
+        let orders = batch.column(0).as_primitive::<Int64Type>();
+        assert_eq!(
+            orders.iter().collect::<Vec<_>>(),
+            [Some(1), None, Some(5)],
+            "the tombstone is a row of nulls"
+        );
+        assert_eq!(batch.column(1).as_string::<i32>().value(2), "eve");
+        let amounts = batch.column(2).as_primitive::<Float64Type>();
+        assert_eq!(amounts.iter().collect::<Vec<_>>(), [Some(2.5), None, None]);
+        let offsets = batch.column_by_name("offset").unwrap();
+        let offsets = offsets.as_primitive::<Int64Type>();
+        assert_eq!(offsets.values().to_vec(), [0, 1, 4]);
+    }
+
+    #[test]
+    fn confluent_framed_avro_is_checked_for_its_magic_byte_and_schema_id() {
+        let framed = |id: u32, datum: Vec<u8>| {
+            let mut out = vec![0];
+            out.extend_from_slice(&id.to_be_bytes());
+            out.extend(datum);
+            out
+        };
+        let format = AvroFormat::new(ORDER_AVRO, AvroWire::Confluent(Some(7))).unwrap();
+        let decoder = Decoder::new(Format::Avro(format), false);
+        let decoded = decoder
+            .decode(&binary_chunk(&[
+                Some(framed(7, avro_order(1, "a", None))),
+                Some(framed(8, avro_order(2, "b", None))),
+                Some(avro_order(3, "c", None)),
+                Some(vec![0, 0]),
+            ]))
+            .unwrap();
+        assert_eq!(decoded.batch.num_rows(), 1);
+        let reasons: Vec<&str> = decoded.bad.iter().map(|b| b.reason.as_str()).collect();
+        assert!(reasons[0].contains("schema id 8"), "{reasons:?}");
+        assert!(reasons[1].contains("zero byte"), "{reasons:?}");
+        assert!(reasons[2].contains("2 bytes"), "{reasons:?}");
+
+        let any = AvroFormat::new(ORDER_AVRO, AvroWire::Confluent(None)).unwrap();
+        let decoded = Decoder::new(Format::Avro(any), false)
+            .decode(&binary_chunk(&[Some(framed(8, avro_order(2, "b", None)))]))
+            .unwrap();
+        assert!(decoded.bad.is_empty());
+    }
+
+    #[test]
+    fn an_avro_schema_that_is_not_a_record_is_refused() {
+        for (schema, expected) in [
+            ("{", "not JSON"),
+            (r#""string""#, "must be a record"),
+            (
+                r#"{"type": "record", "name": "R", "fields": [{"name": "a", "type": "lung"}]}"#,
+                "lung",
+            ),
+        ] {
+            let err = AvroFormat::new(schema, AvroWire::Raw)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{schema}: {err}");
+        }
     }
 }

@@ -13,6 +13,12 @@ pub enum SqlError {
         /// What is wrong there.
         reason: String,
     },
+    /// An Avro schema that does not parse, or is not a record.
+    #[error("source.schema is not a usable Avro schema: {reason}")]
+    AvroSchema {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// SQL that does not parse.
     #[error("SQL syntax error: {0}")]
     Syntax(String),

@@ -18,7 +18,7 @@ mod processor;
 mod query;
 
 pub use ddl::parse_ddl;
-pub use decode::{BadRecord, Decoded, Decoder, Format};
+pub use decode::{AvroFormat, AvroWire, BadRecord, Decoded, Decoder, Format};
 pub use error::SqlError;
 pub use processor::SqlProcessor;
 pub use query::StreamQuery;

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use base64::Engine as _;
 use sluice_offsets::{RecordRef, TimestampType};
 
-pub use console::{ConsoleFormat, ConsoleSink};
+pub use console::{ConsoleFormat, ConsoleSink, DEFAULT_NUM_ROWS};
 pub use discard::DiscardSink;
 pub use jsonl::JsonlSink;
 pub use rows::{textual, write_rows_json};
