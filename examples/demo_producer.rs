@@ -1,5 +1,7 @@
 //! Keeps producing sample order events to a topic, creating it (4 partitions) if
-//! it is missing, until interrupted. Used by `cargo xtask demo`.
+//! it is missing, until interrupted. Used by `cargo xtask demo`. Orders are JSON;
+//! one in 250 is cut short, so that the demo shows a bad record going to the
+//! dead letters.
 //!
 //! ```text
 //! cargo run -p sluice-examples --example demo_producer -- [bootstrap] [topic] [events per second]
@@ -36,7 +38,13 @@ async fn main() -> Result<()> {
 
     let producer: FutureProducer = config.clone().set("linger.ms", "20").create()?;
     let customers = ["ada", "grace", "edsger", "barbara", "ken", "margaret"];
-    let items = ["book", "lamp", "chair", "kettle", "desk"];
+    let items = [
+        ("book", 12.5),
+        ("lamp", 34.0),
+        ("chair", 79.9),
+        ("kettle", 25.0),
+        ("desk", 189.0),
+    ];
     let tick = Duration::from_millis(100);
     let per_tick = (rate / 10).max(1);
     println!("producing about {rate} events/s to {topic} on {bootstrap}; Ctrl-C stops");
@@ -44,11 +52,14 @@ async fn main() -> Result<()> {
     loop {
         for _ in 0..per_tick {
             let customer = customers[(n % customers.len() as u64) as usize];
-            let item = items[(n / 7 % items.len() as u64) as usize];
-            let value = format!(
-                "{{\"order\":{n},\"customer\":\"{customer}\",\"item\":\"{item}\",\"quantity\":{}}}",
+            let (item, price) = items[(n / 7 % items.len() as u64) as usize];
+            let mut value = format!(
+                "{{\"order\":{n},\"customer\":\"{customer}\",\"item\":\"{item}\",\"quantity\":{},\"price\":{price}}}",
                 n % 5 + 1
             );
+            if n % 250 == 249 {
+                value.truncate(value.len() / 2);
+            }
             let record = FutureRecord::to(&topic).key(customer).payload(&value);
             if let Err((e, _)) = producer.send_result(record) {
                 eprintln!("demo producer: queueing failed: {e}");
