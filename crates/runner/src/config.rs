@@ -891,8 +891,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_readme_example_is_a_valid_config() {
+    #[tokio::test]
+    async fn the_readme_example_is_a_valid_config() {
         let readme = include_str!("../../../README.md");
         let start = readme
             .find("```toml\n")
@@ -905,6 +905,18 @@ mod tests {
             settings.trigger,
             Trigger::ProcessingTime(Duration::from_secs(10))
         );
+        let processing = &settings.processing;
+        let decoder = sluice_sql::Decoder::new(processing.format.clone(), false);
+        sluice_sql::StreamQuery::plan(
+            processing
+                .sql
+                .as_deref()
+                .expect("the README's example has a query"),
+            &processing.table,
+            decoder.schema(),
+        )
+        .await
+        .unwrap();
     }
 
     #[tokio::test]

@@ -335,6 +335,10 @@ fn planning_error(error: DataFusionError, table: &str) -> SqlError {
         _ if message.contains("table '") && message.contains("not found") => SqlError::Plan(
             format!("{message}; the stream is the table `{table}` ([source] table)"),
         ),
+        _ if message.contains("got Binary") => SqlError::Plan(format!(
+            "{message}; the Kafka columns `key` and `value` are bytes: read them as text with \
+             CAST(value AS STRING), or declare the value's columns with source.format and schema"
+        )),
         _ => SqlError::Plan(message),
     }
 }
@@ -422,6 +426,14 @@ mod tests {
             ),
             ("SELECT now() FROM orders", "now() cannot run on a stream"),
             ("SELECT uuid() FROM orders", "uuid() cannot run on a stream"),
+            (
+                "SELECT current_timestamp AS t FROM orders",
+                "now() cannot run on a stream",
+            ),
+            (
+                "SELECT order FROM orders OFFSET 3",
+                "LIMIT cannot run on a stream",
+            ),
             ("SELECT count(*) FROM orders", "aggregation"),
             ("SELECT DISTINCT customer FROM orders", "aggregation"),
             (
@@ -436,6 +448,72 @@ mod tests {
             assert!(err.contains(expected), "{sql}: {err}");
             assert!(!err.contains('\n'), "{sql}: {err}");
         }
+    }
+
+    #[tokio::test]
+    async fn the_documented_stateless_surface_plans_and_runs() {
+        let raw = crate::Decoder::new(crate::Format::Raw, false);
+        let mut chunk = sluice_offsets::RecordChunk::default();
+        chunk.push_record(&sluice_offsets::Record {
+            topic: Arc::from("orders"),
+            partition: 1,
+            offset: sluice_offsets::Offset::new(5).unwrap(),
+            timestamp_ms: Some(1_700_000_000_000),
+            timestamp_type: sluice_offsets::TimestampType::CreateTime,
+            key: Some(b"k".to_vec()),
+            value: Some(
+                br#"{"customer":"ann","order":7,"amount":120.5,"tags":["a","b"]}"#.to_vec(),
+            ),
+            headers: Vec::new(),
+        });
+        let rows = raw.decode(&chunk).unwrap().batch;
+        for sql in [
+            "SELECT json_get_str(CAST(value AS STRING), 'customer') AS c, \
+             json_get_int(CAST(value AS STRING), 'order') AS o FROM source \
+             WHERE json_get_float(CAST(value AS STRING), 'amount') > 100",
+            "SELECT CAST(value AS STRING)->>'customer' AS c FROM source",
+            // docs/sql.md's example.
+            "WITH j AS (SELECT CAST(value AS STRING) AS v, partition, offset FROM source) \
+             SELECT json_get_str(v, 'customer') AS customer, v->>'order' AS order, partition, offset \
+             FROM j WHERE json_get_float(v, 'amount') > 100",
+            "WITH j AS (SELECT CAST(value AS STRING) AS v FROM source) \
+             SELECT json_length(v, 'tags') AS n, json_contains(v, 'order') AS has FROM j",
+            "SELECT TRY_CAST(CAST(key AS STRING) AS INT) AS k, upper(topic) AS t FROM source",
+            "WITH o AS (SELECT partition, offset FROM source) SELECT offset + 1 AS next FROM o",
+            "SELECT unnest(make_array(1, 2)) AS n FROM source",
+            "SELECT date_trunc('hour', timestamp) AS h, regexp_replace(topic, 'o', '0') AS r, \
+             sha256(value) AS d, to_hex(offset) AS x FROM source",
+            "SELECT CASE WHEN partition = 1 THEN 'one' ELSE 'other' END AS p FROM source",
+        ] {
+            let query = StreamQuery::plan(sql, "source", raw.schema())
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let out = query
+                .run(rows.clone())
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let made: usize = out.iter().map(RecordBatch::num_rows).sum();
+            assert!(made >= 1, "{sql}: no rows");
+        }
+        let binary = StreamQuery::plan(
+            "SELECT json_get_str(value, 'customer') AS c FROM source",
+            "source",
+            raw.schema(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(binary.contains("CAST(value AS STRING)"), "{binary}");
+        let query = StreamQuery::plan(
+            "SELECT CAST(value AS STRING)->>'customer' AS c FROM source",
+            "source",
+            raw.schema(),
+        )
+        .await
+        .unwrap();
+        let out = query.run(rows).await.unwrap();
+        let customer = arrow::util::display::array_value_to_string(out[0].column(0), 0).unwrap();
+        assert_eq!(customer, "ann");
     }
 
     #[tokio::test]
