@@ -5,6 +5,8 @@
 //!   topic that already holds them is reused. The producer's `batch.size` is
 //!   `batch bytes` (librdkafka's 1,000,000 by default; the Java producer's default
 //!   is 16,384), which sets the size of the record batches a fetch returns whole.
+//!   Each value is a JSON order (`order`, `customer`, `amount`, `note`), padded with
+//!   its note to `value bytes`, so that the SQL configurations have JSON to decode.
 //! - `consume <bootstrap> <topic>`: the baseline, a plain rdkafka consumer reading
 //!   every partition to its end with no processing, with the fetch settings Sluice
 //!   uses; prints JSON figures.
@@ -129,10 +131,11 @@ fn fill(
         .context("a progress bar template")?,
     );
     bar.set_message(topic.to_owned());
-    let value = vec![b'x'; value_bytes];
     let started = Instant::now();
+    let mut value = Vec::with_capacity(value_bytes.max(80));
     for n in present..records {
         let key = n.to_string();
+        order(n, value_bytes, &mut value);
         let mut record = BaseRecord::to(topic)
             .key(&key)
             .payload(&value)
@@ -159,6 +162,24 @@ fn fill(
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The order numbered `n` as a JSON object, its note padded so that the value
+/// has `bytes` bytes (or the least an order takes, if that is more), for the
+/// benchmarks of SQL over JSON values: about half the orders have an amount over
+/// 500.
+fn order(n: u64, bytes: usize, out: &mut Vec<u8>) {
+    use std::io::Write;
+    out.clear();
+    let _ = write!(
+        out,
+        r#"{{"order":{n},"customer":"c{}","amount":{}.5,"note":""#,
+        n % 97,
+        n * 37 % 1000
+    );
+    let pad = bytes.saturating_sub(out.len() + 2);
+    out.extend(std::iter::repeat_n(b'x', pad));
+    out.extend_from_slice(b"\"}");
 }
 
 fn consume(bootstrap: &str, topic: &str) -> Result<()> {

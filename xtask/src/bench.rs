@@ -20,6 +20,8 @@ pub struct BenchArgs {
     pub partitions: u32,
     pub value_bytes: u32,
     pub runs: usize,
+    /// Only the configurations whose name contains this.
+    pub only: Option<String>,
 }
 
 impl BenchArgs {
@@ -29,6 +31,7 @@ impl BenchArgs {
             partitions: 8,
             value_bytes: 100,
             runs: 3,
+            only: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -39,12 +42,14 @@ impl BenchArgs {
                     .with_context(|| format!("{flag} {value:?} is not a number"))
             };
             match flag.as_str() {
+                "--only" => parsed.only = Some(value.clone()),
                 "--records" => parsed.records = number()?,
                 "--partitions" => parsed.partitions = u32::try_from(number()?)?,
                 "--value-bytes" => parsed.value_bytes = u32::try_from(number()?)?,
                 "--runs" => parsed.runs = usize::try_from(number()?)?.max(1),
                 other => bail!(
-                    "unknown option {other}: use --records, --partitions, --value-bytes, --runs"
+                    "unknown option {other}: use --records, --partitions, --value-bytes, --runs, \
+                     --only"
                 ),
             }
         }
@@ -63,7 +68,18 @@ struct Configuration {
     store: Store,
     jsonl: bool,
     max_offsets: Option<u64>,
+    /// `[source]` lines and a `[query]`, for the SQL configurations.
+    sql: Option<(&'static str, &'static str)>,
 }
+
+/// The values' columns: `bench_tool fill` writes every value as such a JSON
+/// order, padded with its note to the value size.
+const ORDER_SCHEMA: &str = "order BIGINT, customer STRING, amount DOUBLE, note STRING";
+
+/// JSON decoded, about half the rows filtered out, and a projection with a
+/// function and arithmetic.
+const ORDER_QUERY: &str = "SELECT order, upper(customer) AS customer, amount * 2 AS doubled, \
+                           partition, offset FROM source WHERE amount > 500";
 
 fn configurations() -> Vec<Configuration> {
     let mut all = Vec::new();
@@ -79,8 +95,39 @@ fn configurations() -> Vec<Configuration> {
                 store,
                 jsonl,
                 max_offsets: max,
+                sql: None,
             });
         }
+    }
+    // SQL over the JSON values: Arrow and DataFusion with nothing decoded, then
+    // decoding, filtering and projecting into each sink.
+    for (name, jsonl, source, query) in [
+        (
+            "sql, SELECT * over raw, discard",
+            false,
+            "",
+            "SELECT * FROM source",
+        ),
+        (
+            "sql, json + filter + projection, discard",
+            false,
+            "json",
+            ORDER_QUERY,
+        ),
+        (
+            "sql, json + filter + projection, jsonl",
+            true,
+            "json",
+            ORDER_QUERY,
+        ),
+    ] {
+        all.push(Configuration {
+            name: name.to_owned(),
+            store: Store::Directory,
+            jsonl,
+            max_offsets: None,
+            sql: Some((source, query)),
+        });
     }
     all
 }
@@ -107,6 +154,7 @@ struct Run {
     wal_commit_ms: Vec<f64>,
     commit_offsets_ms: Vec<f64>,
     peak_rss_kib: u64,
+    peak_anon_kib: u64,
     restart_ms: f64,
 }
 
@@ -139,7 +187,7 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
     let (sluice, tool) = build_release(root)?;
     let bootstrap = "127.0.0.1:9092";
     let topic = format!(
-        "sluice-bench-{}p-{}r-{}b",
+        "sluice-bench-{}p-{}r-{}b-orders",
         args.partitions, args.records, args.value_bytes
     );
     let status = Command::new(&tool)
@@ -160,7 +208,12 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
     // taken within each pair.
     let mut baseline = Vec::new();
     let mut results = Vec::new();
-    for configuration in configurations() {
+    let chosen = configurations().into_iter().filter(|c| {
+        args.only
+            .as_ref()
+            .is_none_or(|o| c.name.contains(o.as_str()))
+    });
+    for configuration in chosen {
         let mut runs = Vec::new();
         for run in 0..args.runs {
             let dir = work
@@ -193,8 +246,15 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
 
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let command = format!(
-        "cargo xtask bench --records {} --partitions {} --value-bytes {} --runs {}",
-        args.records, args.partitions, args.value_bytes, args.runs
+        "cargo xtask bench --records {} --partitions {} --value-bytes {} --runs {}{}",
+        args.records,
+        args.partitions,
+        args.value_bytes,
+        args.runs,
+        args.only
+            .as_ref()
+            .map(|o| format!(" --only {o:?}"))
+            .unwrap_or_default()
     );
     let report = json!({
         "command": command,
@@ -253,14 +313,22 @@ fn run_once(
         .max_offsets
         .map(|m| format!("max_offsets_per_trigger = {m}"))
         .unwrap_or_default();
+    let (format, query) = match configuration.sql {
+        None => (String::new(), String::new()),
+        Some(("json", sql)) => (
+            format!("format = \"json\"\nschema = \"{ORDER_SCHEMA}\"\n"),
+            format!("[query]\nsql = \"{sql}\"\n"),
+        ),
+        Some((_, sql)) => (String::new(), format!("[query]\nsql = \"{sql}\"\n")),
+    };
     let progress = dir.join("progress.jsonl");
     let config = dir.join("query.toml");
     fs::write(
         &config,
         format!(
-            "[source]\nbootstrap_servers = \"{bootstrap}\"\nsubscribe = [\"{topic}\"]\nstarting_offsets = \"earliest\"\n{max}\n\n\
+            "[source]\nbootstrap_servers = \"{bootstrap}\"\nsubscribe = [\"{topic}\"]\nstarting_offsets = \"earliest\"\n{max}\n{format}\n\
              [checkpoint]\n{checkpoint}\n\n[trigger]\navailable_now = true\n\n[sink]\n{sink}\n\n\
-             [progress]\nfile = \"{}\"\n",
+             [progress]\nfile = \"{}\"\n\n{query}",
             progress.display()
         ),
     )?;
@@ -272,7 +340,7 @@ fn run_once(
         .env("SLUICE_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()?;
-    let peak_rss_kib = watch_peak_rss(&mut child)?;
+    let (peak_rss_kib, peak_anon_kib) = watch_memory(&mut child)?;
     let status = child.wait()?;
     let seconds = started.elapsed().as_secs_f64();
     if !status.success() {
@@ -363,6 +431,7 @@ fn run_once(
         wal_commit_ms: durations("walCommit"),
         commit_offsets_ms: durations("commitOffsets"),
         peak_rss_kib,
+        peak_anon_kib,
         restart_ms,
     })
 }
@@ -418,13 +487,23 @@ fn measure_baseline(tool: &Path, bootstrap: &str, topic: &str) -> Result<Baselin
 
 /// Samples the peak RSS of `child` until it exits; returns the highest, in KiB.
 pub fn watch_peak_rss(child: &mut std::process::Child) -> Result<u64> {
-    let mut peak_rss_kib = 0;
+    Ok(watch_memory(child)?.0)
+}
+
+/// Samples the memory of `child` until it exits: its peak RSS (`VmHWM`), and
+/// the highest anonymous part seen (`RssAnon`, the memory of its own, without
+/// the pages of its binary and libraries that the page cache shares), in KiB.
+pub fn watch_memory(child: &mut std::process::Child) -> Result<(u64, u64)> {
+    let (mut peak, mut anon) = (0, 0);
     loop {
         if let Some(kib) = peak_rss(child.id(), "VmHWM:") {
-            peak_rss_kib = peak_rss_kib.max(kib);
+            peak = kib.max(peak);
+        }
+        if let Some(kib) = peak_rss(child.id(), "RssAnon:") {
+            anon = kib.max(anon);
         }
         if child.try_wait()?.is_some() {
-            return Ok(peak_rss_kib);
+            return Ok((peak, anon));
         }
         sleep(Duration::from_millis(10));
     }
@@ -476,6 +555,7 @@ fn summarise(configuration: &Configuration, runs: Vec<Run>) -> Value {
         "wal_commit_ms": {"p50": percentile(wal.clone(), 0.5), "p99": percentile(wal, 0.99)},
         "commit_offsets_ms": {"p50": percentile(commit.clone(), 0.5), "p99": percentile(commit, 0.99)},
         "peak_rss_mib": stats(runs.iter().map(|r| r.peak_rss_kib as f64 / 1024.0).collect()),
+        "peak_anon_mib": stats(runs.iter().map(|r| r.peak_anon_kib as f64 / 1024.0).collect()),
         "restart_ms": stats(runs.iter().map(|r| r.restart_ms).collect()),
         "runs": runs.len(),
     })
@@ -491,8 +571,10 @@ fn write_markdown(path: &Path, report: &Value) -> Result<()> {
          {:.0}); {:.0} records/s and {:.1} MB/s while reading; peak RSS {:.0} MiB. Each ratio is \
          the median, over a configuration's runs, of its rate over the rate of the baseline run \
          just before it.\n\n\
-         | configuration | records/s, whole process (median, min–max) | ratio to baseline | records/s in batches | ratio to baseline reading | walCommit p50/p99 ms | commitOffsets p50/p99 ms | peak RSS MiB | restart to first commit ms |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         Peak RSS counts the pages of the binary it ran, which the page cache shares; the \
+         anonymous part is the memory of its own.\n\n\
+         | configuration | records/s, whole process (median, min–max) | ratio to baseline | records/s in batches | ratio to baseline reading | walCommit p50/p99 ms | commitOffsets p50/p99 ms | peak RSS MiB | of it anonymous MiB | restart to first commit ms |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         report["command"].as_str().unwrap_or_default(),
         report["cores"],
         report["topic"].as_str().unwrap_or_default(),
@@ -505,7 +587,7 @@ fn write_markdown(path: &Path, report: &Value) -> Result<()> {
     );
     for c in report["configurations"].as_array().into_iter().flatten() {
         table.push_str(&format!(
-            "| {} | {:.0} ({:.0}–{:.0}) | {:.2} | {:.0} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} ({:.0}–{:.0}) | {:.0} |\n",
+            "| {} | {:.0} ({:.0}–{:.0}) | {:.2} | {:.0} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} ({:.0}–{:.0}) | {:.0} | {:.0} |\n",
             c["name"].as_str().unwrap_or_default(),
             f(&c["records_per_second"]["median"]),
             f(&c["records_per_second"]["min"]),
@@ -520,6 +602,7 @@ fn write_markdown(path: &Path, report: &Value) -> Result<()> {
             f(&c["peak_rss_mib"]["median"]),
             f(&c["peak_rss_mib"]["min"]),
             f(&c["peak_rss_mib"]["max"]),
+            f(&c["peak_anon_mib"]["median"]),
             f(&c["restart_ms"]["median"]),
         ));
     }
