@@ -47,7 +47,7 @@ pub struct KafkaSourceConfig {
     pub commit_progress: bool,
     /// How many bytes of records the reader may hold ahead of the batches, over
     /// all partitions (default [`DEFAULT_READ_AHEAD_BYTES`]). Each partition gets
-    /// an equal share, and at least one record.
+    /// an equal share, at most 2 MiB, and at least one record.
     pub read_ahead_bytes: usize,
 }
 
