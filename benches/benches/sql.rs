@@ -12,8 +12,9 @@ use sluice_sql::{Decoder, Format, StreamQuery, parse_ddl};
 
 const SCHEMA: &str = "order BIGINT, customer STRING, amount DOUBLE, note STRING";
 
-/// A chunk as the Kafka reader fills one: 1,024 records of 100-byte JSON orders.
-fn orders() -> RecordChunk {
+/// A chunk as the Kafka reader fills one: 1,024 records of 100-byte JSON orders,
+/// of which those numbered in `bad` are cut short.
+fn orders_with_bad(bad: &[i64]) -> RecordChunk {
     let mut chunk = RecordChunk::default();
     for n in 0..1_024_i64 {
         let mut value = format!(
@@ -24,6 +25,9 @@ fn orders() -> RecordChunk {
         let pad = 100 - value.len() - 2;
         value.extend(std::iter::repeat_n('x', pad));
         value.push_str("\"}");
+        if bad.contains(&n) {
+            value.truncate(40);
+        }
         chunk.push_record(&Record {
             topic: Arc::from("orders"),
             partition: (n % 8) as i32,
@@ -36,6 +40,10 @@ fn orders() -> RecordChunk {
         });
     }
     chunk
+}
+
+fn orders() -> RecordChunk {
+    orders_with_bad(&[])
 }
 
 fn records_as_arrow(c: &mut Criterion) {
@@ -71,6 +79,15 @@ fn json_values(c: &mut Criterion) {
     let mut group = c.benchmark_group("json_values_1024x100b");
     group.bench_function("decode_with_kafka_columns", |b| {
         b.iter(|| decoder.decode(black_box(&chunk)))
+    });
+    // A bad value is found by decoding halves again, down to it.
+    let one_bad = orders_with_bad(&[500]);
+    group.bench_function("decode_one_bad_value", |b| {
+        b.iter(|| decoder.decode(black_box(&one_bad)))
+    });
+    let four_bad = orders_with_bad(&[10, 300, 600, 1000]);
+    group.bench_function("decode_four_bad_values", |b| {
+        b.iter(|| decoder.decode(black_box(&four_bad)))
     });
     // Baseline: arrow's JSON reader on the values as one text, the reader alone,
     // which cannot tell which value made which row.

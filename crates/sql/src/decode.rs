@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, BooleanArray, RecordBatch, UInt32Array};
+use arrow::array::{BooleanArray, RecordBatch, UInt32Array};
 use arrow::compute::{concat_batches, filter_record_batch, take_record_batch};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::error::ArrowError;
@@ -233,11 +233,7 @@ impl Decoder {
                 bad: Vec::new(),
             });
         };
-        let (values, bad) = match self.decode_all(chunk) {
-            Some(batch) => (batch, Vec::new()),
-            // Some value did not decode: find which, one at a time.
-            None => self.decode_each(declared, chunk)?,
-        };
+        let (values, bad) = self.decode_values(declared, chunk)?;
         let mut kafka = RecordBatch::try_new(self.kafka_schema.clone(), self.kafka.arrays(chunk))
             .map_err(|e| SqlError::Internal(e.to_string()))?;
         if !bad.is_empty() {
@@ -259,82 +255,109 @@ impl Decoder {
         Ok(Decoded { batch, bad })
     }
 
-    /// Every value through one decoder, each checked to make exactly one row;
-    /// `None` if any does not.
-    fn decode_all(&self, chunk: &RecordChunk) -> Option<RecordBatch> {
-        let declared = self.format.declared()?;
-        let mut decoder = RowDecoder::new(&self.format, chunk.len()).ok()?;
-        let mut tombstones = Vec::new();
-        for (index, record) in chunk.iter().enumerate() {
-            match record.value() {
-                Some(value) => decoder.push(value).ok()?,
-                None => tombstones.push(index),
-            }
-        }
-        let values = decoder.finish(declared).ok()?;
-        with_null_rows(values, chunk.len(), &tombstones).ok()
-    }
-
-    /// Each value through a decoder of its own, so that a bad one is named and
-    /// the others kept.
-    fn decode_each(
+    /// The declared columns of every record but the bad ones, in chunk order,
+    /// and the bad ones.
+    fn decode_values(
         &self,
         declared: &SchemaRef,
         chunk: &RecordChunk,
     ) -> Result<(RecordBatch, Vec<BadRecord>), SqlError> {
-        let mut good = Vec::with_capacity(chunk.len());
+        let with_value: Vec<usize> = chunk
+            .iter()
+            .enumerate()
+            .filter_map(|(index, record)| record.value().map(|_| index))
+            .collect();
+        let mut parts = Vec::new();
         let mut bad = Vec::new();
-        for (index, record) in chunk.iter().enumerate() {
-            let row = match record.value() {
-                Some(value) => RowDecoder::new(&self.format, 1)
-                    .map_err(|e| e.to_string())
-                    .and_then(|mut decoder| {
-                        decoder.push(value)?;
-                        decoder.finish(declared).map_err(|e| e.to_string())
+        self.bisect(declared, chunk, &with_value, &mut parts, &mut bad);
+        let tombstones = with_value.len() < chunk.len();
+        if tombstones && let Some(field) = declared.fields().iter().find(|f| !f.is_nullable()) {
+            let reason = format!(
+                "a null value (a tombstone) makes a row of nulls, but column `{}` is NOT NULL",
+                field.name()
+            );
+            bad.extend(
+                chunk
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, record)| record.value().is_none())
+                    .map(|(index, _)| BadRecord {
+                        index,
+                        reason: reason.clone(),
                     }),
-                None => with_null_rows(RecordBatch::new_empty(declared.clone()), 1, &[0]),
-            };
-            match row {
-                Ok(row) => good.push(row),
-                Err(reason) => bad.push(BadRecord { index, reason }),
+            );
+        }
+        bad.sort_by_key(|b| b.index);
+        let values =
+            concat_batches(declared, &parts).map_err(|e| SqlError::Internal(e.to_string()))?;
+        let not_null = declared.fields().iter().any(|f| !f.is_nullable());
+        if !tombstones || not_null {
+            // No tombstone kept: the rows are the values' rows.
+            return Ok((values, bad));
+        }
+        // A row of nulls for each tombstone kept, in its place among the rows.
+        let mut is_bad = bad.iter().map(|b| b.index).peekable();
+        let mut next = 0_u32;
+        let layout: UInt32Array = chunk
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| is_bad.next_if_eq(index).is_none())
+            .map(|(_, record)| {
+                record.value().map(|_| {
+                    next += 1;
+                    next - 1
+                })
+            })
+            .collect();
+        let rows =
+            take_record_batch(&values, &layout).map_err(|e| SqlError::Internal(e.to_string()))?;
+        Ok((rows, bad))
+    }
+
+    /// Decodes the values of the records at `indices` through one decoder, or,
+    /// when one of them does not decode, each half on its own, down to the bad
+    /// values, which go to `bad`. A chunk without bad values is decoded once;
+    /// each bad one costs about two decodes of its chunk more.
+    fn bisect(
+        &self,
+        declared: &SchemaRef,
+        chunk: &RecordChunk,
+        indices: &[usize],
+        parts: &mut Vec<RecordBatch>,
+        bad: &mut Vec<BadRecord>,
+    ) {
+        if indices.is_empty() {
+            return;
+        }
+        match self.decode_run(declared, chunk, indices) {
+            Ok(rows) => parts.push(rows),
+            Err(reason) if indices.len() == 1 => bad.push(BadRecord {
+                index: indices[0],
+                reason,
+            }),
+            Err(_) => {
+                let (left, right) = indices.split_at(indices.len() / 2);
+                self.bisect(declared, chunk, left, parts, bad);
+                self.bisect(declared, chunk, right, parts, bad);
             }
         }
-        let batch =
-            concat_batches(declared, &good).map_err(|e| SqlError::Internal(e.to_string()))?;
-        Ok((batch, bad))
     }
-}
 
-/// `values`, one row per non-null value, spread over `rows` rows with a row of
-/// nulls at each of `tombstones`.
-fn with_null_rows(
-    values: RecordBatch,
-    rows: usize,
-    tombstones: &[usize],
-) -> Result<RecordBatch, String> {
-    if tombstones.is_empty() {
-        return Ok(values);
+    /// The rows of the values at `indices`, one each, or why not.
+    fn decode_run(
+        &self,
+        declared: &SchemaRef,
+        chunk: &RecordChunk,
+        indices: &[usize],
+    ) -> Result<RecordBatch, String> {
+        let mut decoder =
+            RowDecoder::new(&self.format, indices.len()).map_err(|e| e.to_string())?;
+        for &index in indices {
+            let value = chunk.get(index).and_then(|r| r.value()).unwrap_or_default();
+            decoder.push(value)?;
+        }
+        decoder.finish(declared).map_err(|e| e.to_string())
     }
-    if let Some(field) = values.schema().fields().iter().find(|f| !f.is_nullable()) {
-        return Err(format!(
-            "a null value (a tombstone) makes a row of nulls, but column `{}` is NOT NULL",
-            field.name()
-        ));
-    }
-    let mut next = 0u32;
-    let mut tombstones = tombstones.iter().peekable();
-    let indices: UInt32Array = (0..rows)
-        .map(|row| {
-            if tombstones.next_if_eq(&&row).is_some() {
-                None
-            } else {
-                next += 1;
-                Some(next - 1)
-            }
-        })
-        .collect();
-    debug_assert_eq!(indices.len() - indices.null_count(), values.num_rows());
-    take_record_batch(&values, &indices).map_err(|e| e.to_string())
 }
 
 /// One format's decoder, fed one value at a time, so that every value is seen to
