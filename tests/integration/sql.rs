@@ -82,6 +82,20 @@ file = "{progress}"
         path
     }
 
+    /// The bad records the progress reports counted, over all batches.
+    fn bad_records(&self) -> u64 {
+        self.progress()
+            .iter()
+            .map(|p| {
+                p["sources"][0]["metrics"]["badRecords"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum()
+    }
+
     fn progress(&self) -> Vec<Value> {
         std::fs::read_to_string(self.path("progress.jsonl"))
             .unwrap_or_default()
@@ -297,17 +311,7 @@ async fn bad_records_stop_the_query_or_are_skipped_or_go_to_the_dead_letters() {
     let config = job.config(&topic, &source("skip"), "available_now = true", &sink(&job));
     let output = run(&["run", "--config", config.to_str().unwrap()]);
     assert!(output.status.success(), "{}", stderr(&output));
-    let bad: u64 = job
-        .progress()
-        .iter()
-        .map(|p| {
-            p["sources"][0]["metrics"]["badRecords"]
-                .as_str()
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-        })
-        .sum();
+    let bad = job.bad_records();
     assert_eq!(bad, 3);
     let orders: Vec<i64> = lines(&job.path("out"))
         .iter()
@@ -440,17 +444,7 @@ async fn an_avro_topic_in_confluents_framing_is_decoded_and_queried() {
     // The tombstone is a row of nulls.
     want.push(serde_json::json!({"order": null, "customer": null, "amount": null}));
     assert_eq!(sorted(lines(&job.path("out"))), sorted(want));
-    let bad: u64 = job
-        .progress()
-        .iter()
-        .map(|p| {
-            p["sources"][0]["metrics"]["badRecords"]
-                .as_str()
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-        })
-        .sum();
+    let bad = job.bad_records();
     assert_eq!(bad, 1, "the record with schema id 13");
     delete_topic(&topic).await;
 }

@@ -491,6 +491,15 @@ mod tests {
     use super::*;
     use crate::parse_ddl;
 
+    fn column_names(decoder: &Decoder) -> Vec<String> {
+        decoder
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
+    }
+
     fn chunk(values: &[Option<&str>]) -> RecordChunk {
         let values: Vec<Option<Vec<u8>>> = values
             .iter()
@@ -520,12 +529,7 @@ mod tests {
     fn json_values_become_columns_and_bad_ones_are_named() {
         let schema = parse_ddl("order BIGINT, customer STRING, amount DOUBLE").unwrap();
         let decoder = Decoder::new(Format::Json(schema), false);
-        let names: Vec<String> = decoder
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
+        let names = column_names(&decoder);
         assert_eq!(
             names,
             [
@@ -708,12 +712,7 @@ mod tests {
     fn avro_datums_become_columns_and_bad_ones_are_named() {
         let format = AvroFormat::new(ORDER_AVRO, AvroWire::Raw).unwrap();
         let decoder = Decoder::new(Format::Avro(format), false);
-        let names: Vec<String> = decoder
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
+        let names = column_names(&decoder);
         assert_eq!(&names[..4], ["order", "customer", "amount", "key"]);
         let mut trailing = avro_order(4, "d", None);
         trailing.push(7);
