@@ -271,7 +271,8 @@ impl Decoder {
         let mut bad = Vec::new();
         self.bisect(declared, chunk, &with_value, &mut parts, &mut bad);
         let tombstones = with_value.len() < chunk.len();
-        if tombstones && let Some(field) = declared.fields().iter().find(|f| !f.is_nullable()) {
+        let not_null = declared.fields().iter().find(|f| !f.is_nullable());
+        if tombstones && let Some(field) = not_null {
             let reason = format!(
                 "a null value (a tombstone) makes a row of nulls, but column `{}` is NOT NULL",
                 field.name()
@@ -290,8 +291,7 @@ impl Decoder {
         bad.sort_by_key(|b| b.index);
         let values =
             concat_batches(declared, &parts).map_err(|e| SqlError::Internal(e.to_string()))?;
-        let not_null = declared.fields().iter().any(|f| !f.is_nullable());
-        if !tombstones || not_null {
+        if !tombstones || not_null.is_some() {
             // No tombstone kept: the rows are the values' rows.
             return Ok((values, bad));
         }
