@@ -207,10 +207,11 @@ fn spark_compat(root: &Path) -> Result<()> {
         &dir.join("maven.log"),
     )?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // `--workspace`, as in `cargo_test`: selecting one package resolves other
+    // features and rebuilds about 80 crates.
     let args = [
         "test",
-        "-p",
-        "sluice-tests",
+        "--workspace",
         "--test",
         "integration",
         "spark_checkpoint",
@@ -238,13 +239,14 @@ fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {
     if !extra.is_empty() {
         return all;
     }
-    // Tests that stop a server run alone, after everything else.
+    // Tests that stop a server run alone, after everything else. `--workspace`
+    // keeps the build of the run above: selecting one package resolves other
+    // features and rebuilds about 80 crates.
     let outage = cargo(
         root,
         &[
             "test",
-            "-p",
-            "sluice-tests",
+            "--workspace",
             "--test",
             "integration",
             "outage",
