@@ -106,7 +106,7 @@ impl KafkaSource {
         // One fetch response may hold up to max.partition.fetch.bytes (1 MiB) of
         // every partition, up to this much in all (50 MiB by default), and lives in
         // memory until its last record is read.
-        client_config.set("fetch.max.bytes", FETCH_MAX_BYTES);
+        client_config.set("fetch.max.bytes", FETCH_MAX_BYTES.to_string());
         for (key, value) in &config.client_options {
             client_config.set(key, value);
         }
@@ -176,7 +176,7 @@ impl KafkaSource {
 }
 
 /// `fetch.max.bytes` unless the configuration sets another.
-const FETCH_MAX_BYTES: &str = "8388608";
+pub(crate) const FETCH_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// How many chunks a read may have ready before the sink takes them: enough to
 /// keep the reading thread busy while the sink works, few enough to bound memory.

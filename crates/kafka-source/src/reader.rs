@@ -24,13 +24,14 @@
 //! polled and is paused, which stops its fetching and makes librdkafka drop what
 //! it still queued for it; it resumes once the buffer has drained to half.
 //! Nothing polled is ever dropped, so librdkafka resumes right after the last
-//! buffered record. While the batch's reader is behind, nothing is polled at all:
-//! what the batch waits for stays in librdkafka's queues, whose limits are small.
+//! buffered record. While the batch's reader is behind, what the batch itself
+//! wants waits in the partition's buffer too, within the same share.
 //!
 //! So memory is bounded by configuration: the read-ahead, librdkafka's queue
-//! limits (an eighth of a share per partition) and the fetch in flight
-//! (`fetch.max.bytes`). The price is paid when a partition's share is smaller
-//! than what one fetch brings it (up to `max.partition.fetch.bytes`, and at least
+//! limits (an eighth of a share per partition), what one fetch brings each
+//! partition (`max.partition.fetch.bytes`, its part of `fetch.max.bytes`, at
+//! least 32 KiB), and the fetch in flight (`fetch.max.bytes`). The price is paid
+//! when a partition's share is smaller than what one fetch brings it (at least
 //! one record batch): the rest is dropped and fetched again later.
 //!
 //! librdkafka does not wake a broker thread that idles for want of fetchable
@@ -847,12 +848,6 @@ impl Reading {
         let mut polled = false;
         let mut now = None;
         for i in 0..self.parts.len() {
-            // While the batch's reader is behind, nothing is polled: what it
-            // waits for stays queued in librdkafka, within its limits, rather
-            // than fill the buffers meant for the batches to come.
-            if self.read.as_ref().is_some_and(|r| r.out.ready.is_some()) {
-                break;
-            }
             // A full partition is not polled: what is queued for it is dropped
             // when it is unassigned, and fetched again when it is assigned.
             let part = &self.parts[i];
@@ -884,11 +879,14 @@ impl Reading {
                             include_headers,
                             share,
                         );
-                        if self.read.as_ref().is_some_and(|r| r.out.ready.is_some())
-                            && !hand_over(&mut self.read)
-                        {
-                            self.queues[i].1.store(true, Ordering::Release);
-                            break;
+                        // While the batch's reader is behind, what the batch
+                        // wants waits in the partition's buffer, within its
+                        // share, like what later batches want: left in
+                        // librdkafka's queues, it cost up to a fetch per
+                        // partition, four times over (256 partitions in one
+                        // batch into Cassandra: 432 MiB).
+                        if self.read.as_ref().is_some_and(|r| r.out.ready.is_some()) {
+                            hand_over(&mut self.read);
                         }
                         if self.parts[i].full {
                             self.queues[i].1.store(true, Ordering::Release);
@@ -1411,15 +1409,23 @@ fn create_consumer(
         let kbytes = (share / 8 / 1024).clamp(1, 512);
         config.set("queued.max.messages.kbytes", kbytes.to_string());
     }
-    // A fetch brings each partition up to `max.partition.fetch.bytes`, and what
-    // does not fit its share is dropped at the pause and fetched again. With
-    // librdkafka's 1 MiB and 1,024 partitions of 32 KiB shares, its broker
-    // thread parsed about thirty times what was kept, one partition per fetch,
-    // and a read of 200 batches took 12.9 s; at the share, 6.3 s. A record batch
-    // larger than this still arrives: librdkafka doubles a partition's limit
-    // when a fetch brought it nothing whole.
+    // A fetch brings each partition up to `max.partition.fetch.bytes`. What does
+    // not fit its share is dropped at the pause and fetched again, and while the
+    // reading thread is behind, as much waits in librdkafka's queue, at about
+    // three times the bytes. With librdkafka's 1 MiB, 1,024 partitions at 10,000
+    // records per trigger read 2,000,000 records in 12.9 s (its broker thread
+    // parsed about thirty times what was kept), and 256 partitions in one batch
+    // peaked at 148-165 MiB. So a fetch asks each partition for its part of one
+    // whole fetch (`fetch.max.bytes`), at least two of the Java producer's 16 KiB
+    // record batches: 4.1-4.6 s and 58-64 MiB. A larger record batch still
+    // arrives: librdkafka doubles a partition's limit when a fetch brought it
+    // nothing whole.
     if !options.contains_key("max.partition.fetch.bytes") {
-        let bytes = share.clamp(MIN_PARTITION_FETCH_BYTES, 1024 * 1024);
+        let fetch = options
+            .get("fetch.max.bytes")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(crate::FETCH_MAX_BYTES);
+        let bytes = (fetch / partitions.max(1)).clamp(MIN_PARTITION_FETCH_BYTES, 1024 * 1024);
         config.set("max.partition.fetch.bytes", bytes.to_string());
     }
     config
