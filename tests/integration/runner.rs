@@ -12,7 +12,7 @@ use sluice_tests::kafka::{
     TIMEOUT, admin, create_topic, delete_topic, numbered, produce, producer,
 };
 
-use sluice_tests::process::{Lcg, run, sluice, stderr};
+use sluice_tests::process::{Lcg, Running, run, sluice, stderr};
 
 struct Job {
     dir: tempfile::TempDir,
@@ -466,21 +466,10 @@ async fn sigterm_finishes_cleanly_and_the_restart_continues() {
     produce_range(&topic, 2, 0, 3000).await;
     let job = Job::new(&topic);
     let config = job.config_with("max_offsets_per_trigger = 200", "processing_time = \"0s\"");
-    let child = Command::new(sluice())
-        .args(["run", "--config", config.to_str().unwrap()])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Running::spawn(&["run", "--config", config.to_str().unwrap()]);
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let output = child.wait_with_output().unwrap();
+    child.signal("-TERM");
+    let output = child.wait();
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("stopping after the batch in flight"),
@@ -619,18 +608,12 @@ async fn a_newer_runner_fences_the_older_one_out_of_cassandra() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer_task = keep_producing(topic.clone(), 2, stop.clone());
     let streaming = job.config_with("max_offsets_per_trigger = 100", "processing_time = \"0s\"");
-    let spawn = || {
-        Command::new(sluice())
-            .args(["run", "--config", streaming.to_str().unwrap()])
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let spawn = || Running::spawn(&["run", "--config", streaming.to_str().unwrap()]);
     let older = spawn();
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let newer = spawn();
 
-    let older = tokio::task::spawn_blocking(move || older.wait_with_output().unwrap())
+    let older = tokio::task::spawn_blocking(move || older.wait())
         .await
         .unwrap();
     assert_eq!(older.status.code(), Some(4), "{}", stderr(&older));
@@ -641,11 +624,8 @@ async fn a_newer_runner_fences_the_older_one_out_of_cassandra() {
     );
 
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    Command::new("kill")
-        .args(["-TERM", &newer.id().to_string()])
-        .status()
-        .unwrap();
-    let newer = tokio::task::spawn_blocking(move || newer.wait_with_output().unwrap())
+    newer.signal("-TERM");
+    let newer = tokio::task::spawn_blocking(move || newer.wait())
         .await
         .unwrap();
     assert_eq!(newer.status.code(), Some(0), "{}", stderr(&newer));
@@ -806,21 +786,19 @@ async fn outage_of_cassandra_pauses_batches_until_it_returns() {
     );
     std::fs::write(&config, text).unwrap();
 
-    let runner = Command::new(sluice())
-        .args(["run", "--config", config.to_str().unwrap()])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let runner = Running::spawn(&["run", "--config", config.to_str().unwrap()]);
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    xtask(&["down", "cassandra"]);
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    xtask(&["up", "cassandra"]);
-    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-    Command::new("kill")
-        .args(["-TERM", &runner.id().to_string()])
-        .status()
+    // Off the test's one thread, so that the producer goes on writing meanwhile.
+    tokio::task::spawn_blocking(|| xtask(&["down", "cassandra"]))
+        .await
         .unwrap();
-    let output = tokio::task::spawn_blocking(move || runner.wait_with_output().unwrap())
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    tokio::task::spawn_blocking(|| xtask(&["up", "cassandra"]))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    runner.signal("-TERM");
+    let output = tokio::task::spawn_blocking(move || runner.wait())
         .await
         .unwrap();
     let log = stderr(&output);

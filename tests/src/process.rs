@@ -33,6 +33,58 @@ pub fn run(args: &[&str]) -> Output {
         .expect("running sluice")
 }
 
+/// A `sluice run` in the background whose standard error is read while it runs: a
+/// pipe nobody reads fills after 64 KiB of log and then blocks the process on its
+/// next log line, which would stop it from doing what the test waits for.
+pub struct Running {
+    child: std::process::Child,
+    log: std::thread::JoinHandle<Vec<u8>>,
+}
+
+impl Running {
+    /// Starts `sluice` with `args`.
+    pub fn spawn(args: &[&str]) -> Running {
+        let mut child = Command::new(sluice())
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting sluice");
+        let mut pipe = child.stderr.take().expect("stderr is piped");
+        let log = std::thread::spawn(move || {
+            let mut log = Vec::new();
+            // A read error ends the log; what came before it is kept.
+            let _ = std::io::Read::read_to_end(&mut pipe, &mut log);
+            log
+        });
+        Running { child, log }
+    }
+
+    /// The process id, for signals.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (such as `-TERM`) to the process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill {signal} {} failed", self.id());
+    }
+
+    /// Waits for the process to exit; its stdout is not captured.
+    pub fn wait(mut self) -> Output {
+        let status = self.child.wait().expect("waiting for sluice");
+        let stderr = self.log.join().expect("the log reader panicked");
+        Output {
+            status,
+            stdout: Vec::new(),
+            stderr,
+        }
+    }
+}
+
 /// What a run wrote to standard error.
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
