@@ -735,3 +735,122 @@ sql = """{sql}"""
         }
     }
 }
+
+/// `batchWatermarkMs` in the checkpoint's plan of `batch`.
+fn planned_watermark(job: &Job, batch: u64) -> i64 {
+    let text = std::fs::read_to_string(
+        job.path("checkpoint")
+            .join("offsets")
+            .join(batch.to_string()),
+    )
+    .unwrap();
+    let metadata: Value = serde_json::from_str(text.lines().nth(1).unwrap()).unwrap();
+    metadata["batchWatermarkMs"].as_i64().unwrap()
+}
+
+#[tokio::test]
+async fn the_watermark_trails_event_time_is_stored_with_each_plan_and_survives_a_restart() {
+    watermark_through_a_restart(false).await;
+}
+
+#[tokio::test]
+async fn the_watermark_survives_a_restart_with_the_cassandra_store() {
+    watermark_through_a_restart(true).await;
+}
+
+/// Runs a watermarked query over 900 records in three batches, then over 300
+/// more after a restart, checking each batch's watermark; with `cassandra`, the
+/// offsets are kept there instead of in the checkpoint directory.
+async fn watermark_through_a_restart(cassandra: bool) {
+    let topic = sluice_tests::unique_name("watermark");
+    create_topic(&topic, 1).await;
+    // Record n happened n seconds after `base`.
+    let base: i64 = 1_780_000_000_000;
+    let time = |ms: i64| {
+        let when = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64);
+        humantime::format_rfc3339_millis(when).to_string()
+    };
+    let at = |n: i64| time(base + n * 1000);
+    let values = |range: std::ops::Range<i64>| -> Vec<(i32, Option<Vec<u8>>)> {
+        range
+            .map(|n| {
+                let value = format!(r#"{{"n":{n},"ts":"{}"}}"#, at(n));
+                (0, Some(value.into_bytes()))
+            })
+            .collect()
+    };
+    produce_values(&producer(), &topic, &values(0..900)).await;
+
+    let job = Job::new();
+    let source = "format = \"json\"\nschema = \"n BIGINT, ts TIMESTAMP\"\n\
+                  event_time = \"ts\"\nwatermark_delay = \"10s\"";
+    let sink = "[sink]\ntype = \"discard\"\n";
+    let config = job.config(&topic, source, "available_now = true", sink);
+    if cassandra {
+        let text = std::fs::read_to_string(&config).unwrap();
+        let directory = format!("location = \"{}\"", job.path("checkpoint").display());
+        let store = format!(
+            "location = \"cassandra://{}/sluice_sql_tests?query={}\"\n\
+             replication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"",
+            sluice_tests::cassandra_nodes().join(","),
+            sluice_tests::unique_name("q"),
+        );
+        assert!(text.contains(&directory), "{text}");
+        std::fs::write(&config, text.replace(&directory, &store)).unwrap();
+    }
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    // Three batches of 300: each runs under the latest event time before it,
+    // less the delay.
+    if !cassandra {
+        assert_eq!(planned_watermark(&job, 0), 0);
+        assert_eq!(planned_watermark(&job, 1), base + 299_000 - 10_000);
+        assert_eq!(planned_watermark(&job, 2), base + 599_000 - 10_000);
+    }
+    let progress = job.progress();
+    assert_eq!(progress.len(), 3);
+    assert_eq!(progress[0]["eventTime"]["watermark"], time(0).as_str());
+    assert_eq!(progress[2]["eventTime"]["watermark"], at(589).as_str());
+    let event_time = &progress[1]["eventTime"];
+    assert_eq!(event_time["watermark"], at(289).as_str(), "{event_time}");
+    assert_eq!(event_time["min"], at(300).as_str(), "{event_time}");
+    assert_eq!(event_time["max"], at(599).as_str(), "{event_time}");
+    assert_eq!(
+        event_time["avg"],
+        time(base + 449_500).as_str(),
+        "{event_time}"
+    );
+
+    // A restart continues from the last commit's next watermark.
+    produce_values(&producer(), &topic, &values(900..1200)).await;
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    if !cassandra {
+        assert_eq!(planned_watermark(&job, 3), base + 899_000 - 10_000);
+    }
+    let progress = job.progress();
+    assert_eq!(progress.len(), 4);
+    assert_eq!(
+        progress[3]["eventTime"]["watermark"],
+        at(889).as_str(),
+        "the restart continued from the last commit's watermark"
+    );
+
+    // The column must be a timestamp: configuration error, exit 2.
+    let bad = job.config(
+        &topic,
+        "format = \"json\"\nschema = \"n BIGINT, ts TIMESTAMP\"\nevent_time = \"n\"\n\
+         watermark_delay = \"10s\"",
+        "available_now = true",
+        sink,
+    );
+    let output = run(&["validate", "--config", bad.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("source.event_time \"n\""),
+        "{}",
+        stderr(&output)
+    );
+    delete_topic(&topic).await;
+}

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::Value;
-use sluice_offsets::{DataLoss, PartitionOffsets, offsets_to_json};
+use sluice_offsets::{DataLoss, EventTimeStats, PartitionOffsets, offsets_to_json};
 
 /// One batch's progress, serialised as Spark serialises its progress events.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -31,6 +31,11 @@ pub struct QueryProgress {
     /// The same phases in microseconds, for latencies well under a millisecond
     /// (an fsync on a fast disk); not in Spark's reports.
     pub duration_micros: DurationMs,
+    /// The batch's event time and watermark, RFC 3339 in UTC with milliseconds,
+    /// keyed `avg`, `max`, `min` and `watermark` as in Spark; absent when the
+    /// query has no event time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<BTreeMap<String, String>>,
     /// The one source.
     pub sources: Vec<SourceProgress>,
     /// The sink.
@@ -100,6 +105,28 @@ pub struct SinkProgress {
     pub description: String,
     /// Rows handed to the sink: the records as read, or the rows a query made.
     pub num_output_rows: u64,
+}
+
+/// Spark's `eventTime` entry: the watermark always, and the rows' minimum,
+/// maximum and mean event time when the batch had any.
+pub(crate) fn event_time_entry(stats: &EventTimeStats) -> BTreeMap<String, String> {
+    let format = |ms: i64| {
+        let at = std::time::UNIX_EPOCH
+            + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        humantime::format_rfc3339_millis(at).to_string()
+    };
+    let mut entry = BTreeMap::new();
+    entry.insert("watermark".to_owned(), format(stats.watermark_ms));
+    for (name, value) in [
+        ("min", stats.min_ms),
+        ("max", stats.max_ms),
+        ("avg", stats.avg_ms),
+    ] {
+        if let Some(ms) = value {
+            entry.insert(name.to_owned(), format(ms));
+        }
+    }
+    entry
 }
 
 /// Offsets as a JSON value in Spark's shape.

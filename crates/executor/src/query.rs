@@ -15,7 +15,8 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::progress::{
-    DurationMs, QueryProgress, SinkProgress, SourceProgress, offsets_value, source_metrics,
+    DurationMs, QueryProgress, SinkProgress, SourceProgress, event_time_entry, offsets_value,
+    source_metrics,
 };
 use crate::sinks::DiscardSink;
 use crate::{ExecutorError, Trigger};
@@ -272,6 +273,9 @@ where
         let (mut next_batch, mut start) = match recovery {
             Recovery::StartFresh => (BatchId::FIRST, stored.initial_offsets.clone()),
             Recovery::RunNext { next, .. } => {
+                if let Some(commit) = &stored.latest_commit {
+                    self.processor.restore_watermark(commit.next_watermark_ms);
+                }
                 let end = stored.latest_plan.as_ref().map(BatchPlan::end_offsets);
                 (next, end)
             }
@@ -706,6 +710,7 @@ where
             processed_rows_per_second: processed_rate,
             duration_ms: planned.durations.to_millis(),
             duration_micros: planned.durations.clone(),
+            event_time: self.processor.event_time().as_ref().map(event_time_entry),
             sources: vec![SourceProgress {
                 description: self.options.source_description.clone(),
                 start_offset: offsets_value(&planned.plan.start_offsets()),

@@ -39,7 +39,9 @@ pub use json::{
     OffsetJsonError, offsets_from_json, offsets_to_json, values_from_json, values_to_json,
 };
 pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
-pub use processor::{BadRecordPolicy, ERROR_HEADER, PassThrough, Processed, Processor};
+pub use processor::{
+    BadRecordPolicy, ERROR_HEADER, EventTimeStats, PassThrough, Processed, Processor,
+};
 pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
 pub use recovery::{
     DEFAULT_MIN_BATCHES_TO_RETAIN, Inconsistency, Log, Recovery, decide_recovery, purge_threshold,

@@ -102,6 +102,34 @@ pub trait Processor: Send {
     fn watermark_ms(&self) -> i64 {
         0
     }
+
+    /// Takes the watermark a restart continues from: the last commit's
+    /// `next_watermark_ms`, when no batch is to be replayed (a replay's plan
+    /// carries its own, given to `begin_batch`).
+    fn restore_watermark(&mut self, watermark_ms: i64) {
+        let _ = watermark_ms;
+    }
+
+    /// The event time of the batch just finished, for its progress report;
+    /// `None` when the query has no event time.
+    fn event_time(&self) -> Option<EventTimeStats> {
+        None
+    }
+}
+
+/// The event time a batch's rows carried, and the watermark it ran under, in
+/// epoch milliseconds: Spark's `eventTime` progress entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EventTimeStats {
+    /// The watermark in force for the batch.
+    pub watermark_ms: i64,
+    /// The earliest, latest and mean event time of the batch's rows; `None`
+    /// when it had no rows with an event time.
+    pub min_ms: Option<i64>,
+    /// See `min_ms`.
+    pub max_ms: Option<i64>,
+    /// See `min_ms`.
+    pub avg_ms: Option<i64>,
 }
 
 /// No processing: the sink receives the records as read.

@@ -120,6 +120,11 @@ pub struct SourceSection {
     /// What happens to a record whose value does not decode: "fail" (default),
     /// "skip" or "dead_letter".
     pub on_bad_record: Option<String>,
+    /// The event-time column (a TIMESTAMP); Kafka's `timestamp` by default.
+    pub event_time: Option<String>,
+    /// How far the watermark stays behind the latest event time, as Spark's
+    /// `withWatermark` delay: "10s", "5 minutes".
+    pub watermark_delay: Option<String>,
     /// librdkafka options, passed through.
     #[serde(default)]
     pub kafka: BTreeMap<String, toml::Value>,
@@ -293,12 +298,14 @@ pub struct Processing {
     pub sql: Option<String>,
     /// What happens to records whose values do not decode.
     pub on_bad_record: sluice_offsets::BadRecordPolicy,
+    /// The event-time column and the watermark delay in milliseconds.
+    pub watermark: Option<(String, i64)>,
 }
 
 impl Processing {
     /// Whether records reach the sink as read, with nothing to decode or query.
     pub fn is_pass_through(&self) -> bool {
-        self.sql.is_none() && self.format == sluice_sql::Format::Raw
+        self.sql.is_none() && self.format == sluice_sql::Format::Raw && self.watermark.is_none()
     }
 }
 
@@ -638,11 +645,26 @@ fn settings(config: Config) -> Result<Settings> {
              set format = \"json\", \"csv\" or \"avro\" with a schema"
         );
     }
+    let watermark = match (source.event_time, source.watermark_delay) {
+        (Some(column), None) => bail!(
+            "source.event_time = {column:?} takes effect with a watermark: set source.watermark_delay \
+             too, like \"10s\""
+        ),
+        (column, Some(delay)) => {
+            let delay = parse_duration("source.watermark_delay", &delay)?;
+            Some((
+                column.unwrap_or_else(|| "timestamp".to_owned()),
+                i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
+            ))
+        }
+        (None, None) => None,
+    };
     let processing = Processing {
         table,
         format,
         sql,
         on_bad_record,
+        watermark,
     };
 
     let sink = match config.sink.kind.as_str() {
@@ -851,6 +873,16 @@ mod tests {
             ),
             (
                 "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nevent_time = \"ts\"",
+                "set source.watermark_delay too",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nwatermark_delay = \"ten seconds\"",
+                "source.watermark_delay = \"ten seconds\" is not a duration",
+            ),
+            (
+                "subscribe = [\"events\"]",
                 "subscribe = [\"events\"]\nmax_trigger_delay = \"5m\"",
                 "needs min_offsets_per_trigger",
             ),
@@ -997,5 +1029,27 @@ mod tests {
             format!("{:#}", with("processing_time = \"soon\"").unwrap_err())
                 .contains("not a duration")
         );
+    }
+
+    #[test]
+    fn a_watermark_delay_tracks_kafkas_timestamp_unless_event_time_names_a_column() {
+        let with = |extra: &str| {
+            let text = MINIMAL.replace(
+                "subscribe = [\"events\"]",
+                &format!("subscribe = [\"events\"]\n{extra}"),
+            );
+            parse(&text).unwrap().processing
+        };
+        let kafka_time = with("watermark_delay = \"10s\"");
+        assert_eq!(kafka_time.watermark, Some(("timestamp".to_owned(), 10_000)));
+        assert!(
+            !kafka_time.is_pass_through(),
+            "the watermark needs the rows"
+        );
+        let column = with(
+            "format = \"json\"\nschema = \"ts TIMESTAMP\"\nevent_time = \"ts\"\nwatermark_delay = \"2 minutes\"",
+        );
+        assert_eq!(column.watermark, Some(("ts".to_owned(), 120_000)));
+        assert_eq!(with("").watermark, None);
     }
 }

@@ -191,7 +191,13 @@ async fn processor(settings: &Settings) -> Result<SqlProcessor, Exit> {
         ),
         None => None,
     };
-    Ok(SqlProcessor::new(decoder, query))
+    let processor = SqlProcessor::new(decoder, query);
+    match &processing.watermark {
+        Some((column, delay_ms)) => processor
+            .with_watermark(column, *delay_ms)
+            .map_err(|e| Exit::config(e.into())),
+        None => Ok(processor),
+    }
 }
 
 fn dead_letters(settings: &Settings, query_id: &str) -> Result<DeadLetterSink, Exit> {

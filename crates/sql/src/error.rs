@@ -19,6 +19,14 @@ pub enum SqlError {
         /// What is wrong with it.
         reason: String,
     },
+    /// An event-time column that cannot drive a watermark.
+    #[error("source.event_time {column:?}: {reason}")]
+    EventTime {
+        /// The column as given.
+        column: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// SQL that does not parse.
     #[error("SQL syntax error: {0}")]
     Syntax(String),

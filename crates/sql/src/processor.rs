@@ -1,8 +1,11 @@
 //! The query as the executor's processor: decode, then query, chunk by chunk.
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
-use sluice_offsets::{ERROR_HEADER, Processed, Processor, RecordChunk, RecordParts};
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
+use sluice_offsets::{
+    BatchId, BatchMetadata, ERROR_HEADER, EventTimeStats, Processed, Processor, RecordChunk,
+    RecordParts,
+};
 
 use crate::{BadRecord, Decoder, SqlError, StreamQuery};
 
@@ -13,13 +16,127 @@ use crate::{BadRecord, Decoder, SqlError, StreamQuery};
 pub struct SqlProcessor {
     decoder: Decoder,
     query: Option<StreamQuery>,
+    event_time: Option<EventTime>,
+}
+
+/// The event-time column and the watermark it drives, as Spark's
+/// `withWatermark(column, delay)`: the watermark is the latest event time seen
+/// minus the delay, never moves back, and changes only between batches, so
+/// that a batch replayed with its recorded watermark gives the same output.
+#[derive(Debug)]
+struct EventTime {
+    /// The column's index in the decoded rows.
+    column: usize,
+    delay_ms: i64,
+    /// The watermark in force for the batch in progress.
+    watermark_ms: i64,
+    /// The batch's event times so far.
+    min_ms: Option<i64>,
+    max_ms: Option<i64>,
+    sum_ms: i128,
+    count: u64,
+}
+
+impl EventTime {
+    fn begin(&mut self, watermark_ms: i64) {
+        self.watermark_ms = watermark_ms;
+        self.min_ms = None;
+        self.max_ms = None;
+        self.sum_ms = 0;
+        self.count = 0;
+    }
+
+    fn observe(&mut self, batch: &RecordBatch) -> Result<(), SqlError> {
+        let column = batch.column(self.column);
+        let millis =
+            arrow::compute::cast(column, &DataType::Timestamp(TimeUnit::Millisecond, None))
+                .map_err(|e| SqlError::Internal(format!("reading the event time: {e}")))?;
+        let millis = millis.as_primitive::<TimestampMillisecondType>();
+        if millis.null_count() == millis.len() {
+            return Ok(());
+        }
+        if let Some(min) = arrow::compute::min(millis) {
+            self.min_ms = Some(self.min_ms.map_or(min, |m| m.min(min)));
+        }
+        if let Some(max) = arrow::compute::max(millis) {
+            self.max_ms = Some(self.max_ms.map_or(max, |m| m.max(max)));
+        }
+        self.sum_ms += millis.iter().flatten().map(i128::from).sum::<i128>();
+        self.count += (millis.len() - millis.null_count()) as u64;
+        Ok(())
+    }
+
+    /// The watermark the next batch runs under.
+    fn next_watermark_ms(&self) -> i64 {
+        self.max_ms.map_or(self.watermark_ms, |max| {
+            self.watermark_ms.max(max.saturating_sub(self.delay_ms))
+        })
+    }
+
+    fn stats(&self) -> EventTimeStats {
+        EventTimeStats {
+            watermark_ms: self.watermark_ms,
+            min_ms: self.min_ms,
+            max_ms: self.max_ms,
+            avg_ms: (self.count > 0).then(|| (self.sum_ms / i128::from(self.count)) as i64),
+        }
+    }
 }
 
 impl SqlProcessor {
     /// A processor decoding with `decoder`, then running `query`; without a
     /// query, the decoded rows are the output.
     pub fn new(decoder: Decoder, query: Option<StreamQuery>) -> SqlProcessor {
-        SqlProcessor { decoder, query }
+        SqlProcessor {
+            decoder,
+            query,
+            event_time: None,
+        }
+    }
+
+    /// Tracks event time in the decoded `column` (a timestamp), with a watermark
+    /// `delay_ms` behind the latest event time seen.
+    pub fn with_watermark(mut self, column: &str, delay_ms: i64) -> Result<SqlProcessor, SqlError> {
+        let schema = self.decoder.schema();
+        let names = || {
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let Some((index, field)) = schema.column_with_name(column) else {
+            return Err(SqlError::EventTime {
+                column: column.to_owned(),
+                reason: format!("no such column; the source table has {}", names()),
+            });
+        };
+        if !matches!(field.data_type(), DataType::Timestamp(_, _)) {
+            return Err(SqlError::EventTime {
+                column: column.to_owned(),
+                reason: format!(
+                    "it is {}, and event time must be a TIMESTAMP (declare it so in source.schema)",
+                    field.data_type()
+                ),
+            });
+        }
+        if delay_ms < 0 {
+            return Err(SqlError::EventTime {
+                column: column.to_owned(),
+                reason: "the watermark delay cannot be negative".to_owned(),
+            });
+        }
+        self.event_time = Some(EventTime {
+            column: index,
+            delay_ms,
+            watermark_ms: 0,
+            min_ms: None,
+            max_ms: None,
+            sum_ms: 0,
+            count: 0,
+        });
+        Ok(self)
     }
 
     /// The schema of the rows the sink receives.
@@ -35,12 +152,42 @@ impl Processor for SqlProcessor {
     type Output = RecordBatch;
     type Error = SqlError;
 
+    async fn begin_batch(
+        &mut self,
+        _batch: BatchId,
+        metadata: &BatchMetadata,
+    ) -> Result<(), SqlError> {
+        if let Some(event_time) = &mut self.event_time {
+            event_time.begin(metadata.watermark_ms);
+        }
+        Ok(())
+    }
+
+    fn watermark_ms(&self) -> i64 {
+        self.event_time
+            .as_ref()
+            .map_or(0, EventTime::next_watermark_ms)
+    }
+
+    fn restore_watermark(&mut self, watermark_ms: i64) {
+        if let Some(event_time) = &mut self.event_time {
+            event_time.begin(watermark_ms);
+        }
+    }
+
+    fn event_time(&self) -> Option<EventTimeStats> {
+        self.event_time.as_ref().map(EventTime::stats)
+    }
+
     async fn process(
         &mut self,
         records: RecordChunk,
         out: &mut Processed<RecordBatch>,
     ) -> Result<(), SqlError> {
         let decoded = self.decoder.decode(&records)?;
+        if let Some(event_time) = &mut self.event_time {
+            event_time.observe(&decoded.batch)?;
+        }
         let mut bad: Vec<BadRecord> = decoded.bad;
         let rows = match &self.query {
             Some(query) => match query.run(decoded.batch.clone()).await {
@@ -173,5 +320,135 @@ mod tests {
             .collect();
         assert_eq!(n, [1, 4]);
         assert_eq!(out.row_count, 2);
+    }
+
+    fn metadata(watermark_ms: i64) -> BatchMetadata {
+        BatchMetadata {
+            watermark_ms,
+            timestamp_ms: 0,
+            conf: Default::default(),
+        }
+    }
+
+    fn watermarked(delay_ms: i64) -> SqlProcessor {
+        let decoder = Decoder::new(
+            Format::Json(parse_ddl("n INT, ts TIMESTAMP").unwrap()),
+            false,
+        );
+        SqlProcessor::new(decoder, None)
+            .with_watermark("ts", delay_ms)
+            .unwrap()
+    }
+
+    async fn batch(processor: &mut SqlProcessor, id: u64, watermark_ms: i64, values: &[&str]) {
+        processor
+            .begin_batch(BatchId(id), &metadata(watermark_ms))
+            .await
+            .unwrap();
+        let mut out = Processed::<RecordBatch>::default();
+        processor.process(chunk(values), &mut out).await.unwrap();
+        processor.finish_batch(BatchId(id), &mut out).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_watermark_trails_the_latest_event_time_and_never_moves_back() {
+        let mut processor = watermarked(10_000);
+        batch(
+            &mut processor,
+            0,
+            0,
+            &[
+                r#"{"n":1,"ts":"2026-01-01T00:00:30Z"}"#,
+                r#"{"n":2,"ts":"2026-01-01T00:01:00Z"}"#,
+                r#"{"n":3,"ts":null}"#,
+            ],
+        )
+        .await;
+        let minute = 1_767_225_600_000 + 60_000;
+        let stats = processor.event_time().unwrap();
+        assert_eq!(stats.watermark_ms, 0, "batch 0 ran without a watermark");
+        assert_eq!(stats.min_ms, Some(minute - 30_000));
+        assert_eq!(stats.max_ms, Some(minute));
+        assert_eq!(stats.avg_ms, Some(minute - 15_000), "nulls are not counted");
+        let next = processor.watermark_ms();
+        assert_eq!(next, minute - 10_000);
+
+        // Older events do not move it back.
+        batch(
+            &mut processor,
+            1,
+            next,
+            &[r#"{"n":4,"ts":"2026-01-01T00:00:01Z"}"#],
+        )
+        .await;
+        assert_eq!(processor.event_time().unwrap().watermark_ms, next);
+        assert_eq!(processor.watermark_ms(), next);
+
+        // A batch without event times keeps it too.
+        batch(&mut processor, 2, next, &[r#"{"n":5}"#]).await;
+        assert_eq!(processor.watermark_ms(), next);
+        let stats = processor.event_time().unwrap();
+        assert_eq!(
+            (stats.min_ms, stats.max_ms, stats.avg_ms),
+            (None, None, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_begun_again_with_its_recorded_watermark_gives_the_same_one() {
+        let values = [r#"{"n":1,"ts":"2026-01-01T00:05:00Z"}"#];
+        let mut first = watermarked(60_000);
+        batch(&mut first, 7, 1_000, &values).await;
+        // The same processor retrying the batch, and a fresh one after a crash.
+        let mut retried = watermarked(60_000);
+        batch(
+            &mut retried,
+            7,
+            1_000,
+            &[r#"{"n":0,"ts":"2026-01-01T09:00:00Z"}"#],
+        )
+        .await;
+        batch(&mut retried, 7, 1_000, &values).await;
+        let mut restarted = watermarked(60_000);
+        batch(&mut restarted, 7, 1_000, &values).await;
+        assert_eq!(first.watermark_ms(), retried.watermark_ms());
+        assert_eq!(first.watermark_ms(), restarted.watermark_ms());
+        assert_eq!(first.event_time(), restarted.event_time());
+
+        // Restored from a commit, the next batch starts from it.
+        let mut resumed = watermarked(60_000);
+        resumed.restore_watermark(first.watermark_ms());
+        assert_eq!(resumed.watermark_ms(), first.watermark_ms());
+    }
+
+    #[test]
+    fn an_event_time_column_must_exist_and_be_a_timestamp() {
+        let decoder = || {
+            Decoder::new(
+                Format::Json(parse_ddl("n INT, ts TIMESTAMP").unwrap()),
+                false,
+            )
+        };
+        let missing = SqlProcessor::new(decoder(), None)
+            .with_watermark("when", 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("source.event_time \"when\": no such column"),
+            "{missing}"
+        );
+        assert!(
+            missing.contains("ts"),
+            "names the columns there are: {missing}"
+        );
+        let not_time = SqlProcessor::new(decoder(), None)
+            .with_watermark("n", 0)
+            .unwrap_err()
+            .to_string();
+        assert!(not_time.contains("must be a TIMESTAMP"), "{not_time}");
+        // Kafka's own timestamp column, in the raw format.
+        SqlProcessor::new(Decoder::new(Format::Raw, false), None)
+            .with_watermark("timestamp", 5_000)
+            .unwrap();
     }
 }
