@@ -836,6 +836,45 @@ async fn watermark_through_a_restart(cassandra: bool) {
         at(889).as_str(),
         "the restart continued from the last commit's watermark"
     );
+    if !cassandra {
+        // Moved to Cassandra, the query goes on under the same watermark.
+        let from = job.path("checkpoint").display().to_string();
+        let to = format!(
+            "cassandra://{}/sluice_sql_tests?query={}",
+            sluice_tests::cassandra_nodes().join(","),
+            sluice_tests::unique_name("moved"),
+        );
+        let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
+        let migrated = run(&[
+            "offsets",
+            "migrate",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--replication",
+            replication,
+        ]);
+        assert!(migrated.status.success(), "{}", stderr(&migrated));
+        let text = std::fs::read_to_string(&config).unwrap();
+        let moved = text.replace(
+            &format!("location = \"{from}\""),
+            &format!("location = \"{to}\"\nreplication = \"{replication}\""),
+        );
+        assert_ne!(moved, text);
+        std::fs::write(&config, moved).unwrap();
+        produce_values(&producer(), &topic, &values(1200..1500)).await;
+        let output = run(&["run", "--config", config.to_str().unwrap()]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let progress = job.progress();
+        assert_eq!(progress.len(), 5);
+        assert_eq!(progress[4]["batchId"], 4);
+        assert_eq!(
+            progress[4]["eventTime"]["watermark"],
+            at(1189).as_str(),
+            "the migrated query kept its watermark"
+        );
+    }
 
     // The column must be a timestamp: configuration error, exit 2.
     let bad = job.config(

@@ -151,10 +151,16 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
             if target_is_empty {
                 // The same batch, so the numbering goes on where it was.
                 store.write_plan(&latest).await?;
+                // The commit's watermark goes along too: the next batch runs
+                // under it, as it would have where the query was.
+                let next_watermark_ms = stored
+                    .latest_commit
+                    .as_ref()
+                    .map_or(0, |c| c.next_watermark_ms);
                 store
                     .write_commit(&BatchCommit {
                         id: latest.id(),
-                        next_watermark_ms: 0,
+                        next_watermark_ms,
                     })
                     .await?;
             } else {
