@@ -24,8 +24,8 @@ async fn writes_and_reads_back_a_row_in_a_fresh_keyspace() {
     session
         .query_unpaged(
             format!(
-                "CREATE KEYSPACE {keyspace} WITH replication = \
-                 {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
+                "CREATE KEYSPACE {keyspace} WITH replication = {}",
+                sluice_tests::TEST_REPLICATION
             ),
             (),
         )

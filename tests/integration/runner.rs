@@ -32,11 +32,7 @@ impl Job {
 
     /// A job keeping its offsets in Cassandra, under a query of its own.
     fn with_cassandra(topic: &str) -> Job {
-        let store = format!(
-            "location = \"cassandra://{}/sluice_runner_tests?query={}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"",
-            sluice_tests::cassandra_nodes().join(","),
-            sluice_tests::unique_name("q")
-        );
+        let store = sluice_tests::cassandra_checkpoint("sluice_runner_tests");
         Job {
             store: Some(store),
             ..Job::new(topic)
@@ -642,17 +638,6 @@ async fn a_newer_runner_fences_the_older_one_out_of_cassandra() {
     delete_topic(&topic).await;
 }
 
-/// A `[checkpoint]` table for a Cassandra store of a new query.
-fn cassandra_location() -> String {
-    format!(
-        "cassandra://{}/sluice_runner_tests?query={}",
-        sluice_tests::cassandra_nodes().join(","),
-        sluice_tests::unique_name("q")
-    )
-}
-
-const REPLICATION: &str = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
-
 #[tokio::test]
 async fn migrate_moves_a_query_from_a_directory_to_cassandra() {
     let topic = sluice_tests::unique_name("migrate");
@@ -661,7 +646,7 @@ async fn migrate_moves_a_query_from_a_directory_to_cassandra() {
     let before = Job::new(&topic);
     assert!(before.run("").status.success());
     let from = before.checkpoint().display().to_string();
-    let to = cassandra_location();
+    let to = sluice_tests::cassandra_location("sluice_runner_tests");
 
     let migrated = run(&[
         "offsets",
@@ -671,7 +656,7 @@ async fn migrate_moves_a_query_from_a_directory_to_cassandra() {
         "--to",
         &to,
         "--replication",
-        REPLICATION,
+        sluice_tests::TEST_REPLICATION,
     ]);
     assert!(migrated.status.success(), "{}", stderr(&migrated));
     let again = run(&["offsets", "migrate", "--from", &from, "--to", &to]);
@@ -717,7 +702,10 @@ async fn import_starts_a_query_from_an_existing_offsets_table() {
         .await
         .unwrap();
     for cql in [
-        format!("CREATE KEYSPACE {keyspace} WITH replication = {REPLICATION}"),
+        format!(
+            "CREATE KEYSPACE {keyspace} WITH replication = {}",
+            sluice_tests::TEST_REPLICATION
+        ),
         format!(
             "CREATE TABLE {keyspace}.kafka_offsets (topic text, partition int, offset bigint, PRIMARY KEY (topic, partition))"
         ),
@@ -846,7 +834,10 @@ async fn the_cassandra_sink_upserts_mapped_columns_exactly_once_in_effect() {
         .await
         .unwrap();
     for cql in [
-        format!("CREATE KEYSPACE {keyspace} WITH replication = {REPLICATION}"),
+        format!(
+            "CREATE KEYSPACE {keyspace} WITH replication = {}",
+            sluice_tests::TEST_REPLICATION
+        ),
         format!(
             "CREATE TABLE {keyspace}.orders (order_id int PRIMARY KEY, customer text, source text, \
              part int, off bigint, ts timestamp, raw blob)"

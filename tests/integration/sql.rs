@@ -556,7 +556,8 @@ async fn the_cassandra_sink_maps_a_querys_columns_by_name() {
         .unwrap();
     for cql in [
         format!(
-            "CREATE KEYSPACE {keyspace} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
+            "CREATE KEYSPACE {keyspace} WITH replication = {}",
+            sluice_tests::TEST_REPLICATION
         ),
         format!(
             "CREATE TABLE {keyspace}.orders (order_id bigint PRIMARY KEY, customer text, amount bigint, seen timestamp)"
@@ -789,12 +790,7 @@ async fn watermark_through_a_restart(cassandra: bool) {
     if cassandra {
         let text = std::fs::read_to_string(&config).unwrap();
         let directory = format!("location = \"{}\"", job.path("checkpoint").display());
-        let store = format!(
-            "location = \"cassandra://{}/sluice_sql_tests?query={}\"\n\
-             replication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"",
-            sluice_tests::cassandra_nodes().join(","),
-            sluice_tests::unique_name("q"),
-        );
+        let store = sluice_tests::cassandra_checkpoint("sluice_sql_tests");
         assert!(text.contains(&directory), "{text}");
         std::fs::write(&config, text.replace(&directory, &store)).unwrap();
     }
@@ -839,12 +835,8 @@ async fn watermark_through_a_restart(cassandra: bool) {
     if !cassandra {
         // Moved to Cassandra, the query goes on under the same watermark.
         let from = job.path("checkpoint").display().to_string();
-        let to = format!(
-            "cassandra://{}/sluice_sql_tests?query={}",
-            sluice_tests::cassandra_nodes().join(","),
-            sluice_tests::unique_name("moved"),
-        );
-        let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
+        let to = sluice_tests::cassandra_location("sluice_sql_tests");
+        let replication = sluice_tests::TEST_REPLICATION;
         let migrated = run(&[
             "offsets",
             "migrate",

@@ -226,7 +226,7 @@ impl CassandraHarness {
 
 fn options() -> CassandraOptions {
     CassandraOptions {
-        replication: Some("{'class': 'SimpleStrategy', 'replication_factor': 1}".to_owned()),
+        replication: Some(sluice_tests::TEST_REPLICATION.to_owned()),
         ..CassandraOptions::default()
     }
 }

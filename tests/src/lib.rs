@@ -33,6 +33,27 @@ pub fn cassandra_nodes() -> Vec<String> {
         .collect()
 }
 
+/// The replication of the keyspaces tests create: the one dev node.
+pub const TEST_REPLICATION: &str = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
+
+/// A `cassandra://` checkpoint location for a new query in `keyspace`.
+pub fn cassandra_location(keyspace: &str) -> String {
+    format!(
+        "cassandra://{}/{keyspace}?query={}",
+        cassandra_nodes().join(","),
+        unique_name("q")
+    )
+}
+
+/// The `[checkpoint]` lines keeping a new query's offsets in Cassandra, in
+/// `keyspace`.
+pub fn cassandra_checkpoint(keyspace: &str) -> String {
+    format!(
+        "location = \"{}\"\nreplication = \"{TEST_REPLICATION}\"",
+        cassandra_location(keyspace)
+    )
+}
+
 /// A name no other test or test run has used: `prefix` followed by a random
 /// suffix. It is valid both as a Kafka topic and as a Cassandra keyspace (letters,
 /// digits and underscores, at most 48 characters) when `prefix` is.

@@ -297,13 +297,7 @@ fn run_once(
     topic: &str,
     bootstrap: &str,
 ) -> Result<Run> {
-    let checkpoint = match configuration.store {
-        Store::Directory => format!("location = \"{}\"", dir.join("checkpoint").display()),
-        Store::Cassandra => format!(
-            "location = \"cassandra://127.0.0.1:9042/sluice_bench?query={}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"",
-            uuid_like()
-        ),
-    };
+    let checkpoint = checkpoint(configuration.store == Store::Cassandra, dir);
     let sink = if configuration.jsonl {
         format!("type = \"jsonl\"\npath = \"{}\"", dir.join("out").display())
     } else {
@@ -625,4 +619,16 @@ pub fn replace_section(path: &Path, name: &str, text: &str) -> Result<()> {
     fs::write(path, new)?;
     println!("updated {}", path.display());
     Ok(())
+}
+
+/// A `[checkpoint]` table: a directory in `dir`, or a new Cassandra query.
+pub(crate) fn checkpoint(cassandra: bool, dir: &Path) -> String {
+    if cassandra {
+        format!(
+            "location = \"cassandra://127.0.0.1:9042/sluice_bench?query={}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"",
+            uuid_like()
+        )
+    } else {
+        format!("location = \"{}\"", dir.join("checkpoint").display())
+    }
 }

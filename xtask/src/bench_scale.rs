@@ -21,7 +21,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::bench::{
-    build_release, median, peak_rss, percentile, replace_section, uuid_like, watch_peak_rss,
+    build_release, checkpoint, median, peak_rss, percentile, replace_section, watch_peak_rss,
 };
 
 const BOOTSTRAP: &str = "127.0.0.1:9092";
@@ -96,18 +96,6 @@ fn raw(tool: &Path, topic: &str) -> Result<Raw> {
         seconds: started.elapsed().as_secs_f64(),
         peak_rss_kib,
     })
-}
-
-/// A `[checkpoint]` table: a directory in `dir`, or a new Cassandra query.
-fn checkpoint(cassandra: bool, dir: &Path) -> String {
-    if cassandra {
-        format!(
-            "location = \"cassandra://127.0.0.1:9042/sluice_bench?query={}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"",
-            uuid_like()
-        )
-    } else {
-        format!("location = \"{}\"", dir.join("checkpoint").display())
-    }
 }
 
 /// Writes a query reading `topic` from the start to the discard sink.

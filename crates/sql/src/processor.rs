@@ -1,6 +1,6 @@
 //! The query as the executor's processor: decode, then query, chunk by chunk.
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
 use sluice_offsets::{
     BatchId, BatchMetadata, ERROR_HEADER, EventTimeStats, Processed, Processor, RecordChunk,
@@ -31,6 +31,12 @@ struct EventTime {
     /// The watermark in force for the batch in progress.
     watermark_ms: i64,
     /// The batch's event times so far.
+    seen: Seen,
+}
+
+/// The event times a batch's rows carried so far.
+#[derive(Debug, Default)]
+struct Seen {
     min_ms: Option<i64>,
     max_ms: Option<i64>,
     sum_ms: i128,
@@ -40,10 +46,7 @@ struct EventTime {
 impl EventTime {
     fn begin(&mut self, watermark_ms: i64) {
         self.watermark_ms = watermark_ms;
-        self.min_ms = None;
-        self.max_ms = None;
-        self.sum_ms = 0;
-        self.count = 0;
+        self.seen = Seen::default();
     }
 
     fn observe(&mut self, batch: &RecordBatch) -> Result<(), SqlError> {
@@ -52,33 +55,30 @@ impl EventTime {
             arrow::compute::cast(column, &DataType::Timestamp(TimeUnit::Millisecond, None))
                 .map_err(|e| SqlError::Internal(format!("reading the event time: {e}")))?;
         let millis = millis.as_primitive::<TimestampMillisecondType>();
-        if millis.null_count() == millis.len() {
-            return Ok(());
+        let seen = &mut self.seen;
+        for ms in millis.iter().flatten() {
+            seen.min_ms = Some(seen.min_ms.map_or(ms, |m| m.min(ms)));
+            seen.max_ms = Some(seen.max_ms.map_or(ms, |m| m.max(ms)));
+            seen.sum_ms += i128::from(ms);
+            seen.count += 1;
         }
-        if let Some(min) = arrow::compute::min(millis) {
-            self.min_ms = Some(self.min_ms.map_or(min, |m| m.min(min)));
-        }
-        if let Some(max) = arrow::compute::max(millis) {
-            self.max_ms = Some(self.max_ms.map_or(max, |m| m.max(max)));
-        }
-        self.sum_ms += millis.iter().flatten().map(i128::from).sum::<i128>();
-        self.count += (millis.len() - millis.null_count()) as u64;
         Ok(())
     }
 
     /// The watermark the next batch runs under.
     fn next_watermark_ms(&self) -> i64 {
-        self.max_ms.map_or(self.watermark_ms, |max| {
+        self.seen.max_ms.map_or(self.watermark_ms, |max| {
             self.watermark_ms.max(max.saturating_sub(self.delay_ms))
         })
     }
 
     fn stats(&self) -> EventTimeStats {
+        let seen = &self.seen;
         EventTimeStats {
             watermark_ms: self.watermark_ms,
-            min_ms: self.min_ms,
-            max_ms: self.max_ms,
-            avg_ms: (self.count > 0).then(|| (self.sum_ms / i128::from(self.count)) as i64),
+            min_ms: seen.min_ms,
+            max_ms: seen.max_ms,
+            avg_ms: (seen.count > 0).then(|| (seen.sum_ms / i128::from(seen.count)) as i64),
         }
     }
 }
@@ -131,10 +131,7 @@ impl SqlProcessor {
             column: index,
             delay_ms,
             watermark_ms: 0,
-            min_ms: None,
-            max_ms: None,
-            sum_ms: 0,
-            count: 0,
+            seen: Seen::default(),
         });
         Ok(self)
     }
