@@ -149,14 +149,22 @@ fn log4j2_config(file: Option<&Path>) -> String {
     )
 }
 
-/// A Kafka cluster id: 16 random bytes in unpadded URL-safe base64.
+/// A Kafka cluster id: 16 random bytes in unpadded URL-safe base64, drawn again
+/// while it starts with `-`, as Kafka's own `Uuid.randomUuid` does: the storage
+/// tool would read such an id as an option and refuse to format (one start in 64).
 fn random_cluster_id() -> Result<String> {
     use std::io::Read;
-    let mut bytes = [0_u8; 16];
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .context("reading /dev/urandom")?;
-    Ok(base64_url(&bytes))
+    let mut urandom = fs::File::open("/dev/urandom").context("opening /dev/urandom")?;
+    loop {
+        let mut bytes = [0_u8; 16];
+        urandom
+            .read_exact(&mut bytes)
+            .context("reading /dev/urandom")?;
+        let id = base64_url(&bytes);
+        if !id.starts_with('-') {
+            return Ok(id);
+        }
+    }
 }
 
 fn base64_url(bytes: &[u8]) -> String {
@@ -176,7 +184,7 @@ fn base64_url(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::base64_url;
+    use super::{base64_url, random_cluster_id};
 
     #[test]
     fn encodes_unpadded_url_safe_base64() {
@@ -184,5 +192,15 @@ mod tests {
         assert_eq!(base64_url(b"Ma"), "TWE");
         assert_eq!(base64_url(&[0xfb, 0xff]), "-_8");
         assert_eq!(base64_url(&[0_u8; 16]).len(), 22);
+    }
+
+    #[test]
+    fn a_cluster_id_never_starts_like_an_option() {
+        // About one draw in 64 starts with `-`; 2,000 draws meet dozens.
+        for _ in 0..2000 {
+            let id = random_cluster_id().unwrap();
+            assert!(!id.starts_with('-'), "{id}");
+            assert_eq!(id.len(), 22);
+        }
     }
 }
