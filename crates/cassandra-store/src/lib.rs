@@ -27,4 +27,4 @@ pub use connect::{
 pub use error::{CassandraStoreError, DriverError};
 pub use location::CassandraLocation;
 pub use sink::{CassandraSink, CassandraSinkConfig, Field};
-pub use store::{CassandraOptions, CassandraStore, LOG_TABLE, OFFSETS_TABLE};
+pub use store::{CassandraOptions, CassandraStore, LOG_TABLE, OFFSETS_TABLE, STATE_TABLE};

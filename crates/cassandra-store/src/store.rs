@@ -12,8 +12,8 @@ use scylla::statement::prepared::PreparedStatement;
 use crate::connect::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, StoredBatches,
-    offsets_from_json, offsets_to_json,
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, StateFile, StateFileKind,
+    StoredBatches, offsets_from_json, offsets_to_json,
 };
 
 use crate::error::query_error;
@@ -73,6 +73,18 @@ fn default_owner() -> String {
 pub const LOG_TABLE: &str = "sluice_log";
 /// The latest committed offsets, one plain row per partition, for anyone to read.
 pub const OFFSETS_TABLE: &str = "sluice_offsets";
+
+/// Stateful operators' state: one partition per query and operator, a version
+/// per batch, in chunks.
+pub const STATE_TABLE: &str = "sluice_state";
+
+/// The largest piece of a state file in one row, well under Cassandra's
+/// default largest mutation (half of `commitlog_segment_size`, 16 MiB).
+const STATE_CHUNK_BYTES: usize = 1 << 20;
+
+/// The chunk number of the row that says a state file is complete, written
+/// after its chunks: a file cut short by a crash has chunks but no marker.
+const STATE_COMPLETE: i32 = -1;
 
 /// The Cassandra offset store of one query, holding its claim (epoch).
 pub struct CassandraStore {
@@ -222,6 +234,28 @@ impl CassandraStore {
         store.epoch = epoch;
         store.query_id = id.clone();
         Ok(Some((id, store.load().await?)))
+    }
+
+    /// The state files of `operator` of a query and their sizes in bytes, read
+    /// without claiming the query.
+    pub async fn inspect_state(
+        location: CassandraLocation,
+        options: CassandraOptions,
+        operator: u32,
+    ) -> Result<Vec<(BatchId, StateFileKind, u64)>, CassandraStoreError> {
+        let inspect_options = CassandraOptions {
+            create_schema: false,
+            replication: None,
+            ..options
+        };
+        let mut store = CassandraStore::connect(location, inspect_options).await?;
+        let files = store.list_state(operator).await?;
+        let mut sized = Vec::new();
+        for (version, kind) in files {
+            let file = store.read_state(operator, version, kind).await?;
+            sized.push((version, kind, file.bytes.len() as u64));
+        }
+        Ok(sized)
     }
 
     /// The query id, created with the query's first claim.
@@ -420,6 +454,14 @@ async fn ensure_schema(
             format!(
                 "CREATE TABLE IF NOT EXISTS {ks}.{OFFSETS_TABLE} (query text, topic text, \
                  partition int, offset bigint, batch_id bigint, PRIMARY KEY (query, topic, partition))"
+            ),
+        ),
+        (
+            STATE_TABLE,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {ks}.{STATE_TABLE} (query text, operator int, \
+                 version bigint, kind text, chunk int, bytes blob, epoch bigint, \
+                 PRIMARY KEY ((query, operator), version, kind, chunk))"
             ),
         ),
     ];
@@ -693,6 +735,225 @@ impl OffsetStore for CassandraStore {
                 )))?;
         }
         Ok(())
+    }
+
+    async fn write_state(&mut self, file: &StateFile) -> Result<(), CassandraStoreError> {
+        // State rows are not conditional on the epoch (they are in a partition of
+        // their own), so the claim is checked first: a fenced runner writes no state.
+        if let Some((_, epoch, owner)) = self.read_claim().await? {
+            self.fenced_if_moved(epoch, &owner)?;
+        }
+        let ks = &self.location.keyspace;
+        let version = i64::try_from(file.version.0).unwrap_or(i64::MAX);
+        let kind = file.kind.extension();
+        let entry = self.describe_state(file.operator, file.version, file.kind);
+        let key = (&self.location.query, file.operator as i32, version, kind);
+        let complete = self
+            .session
+            .query_unpaged(
+                format!(
+                    "SELECT chunk FROM {ks}.{STATE_TABLE} WHERE query = ? AND operator = ? AND \
+                     version = ? AND kind = ? AND chunk = {STATE_COMPLETE}"
+                ),
+                key,
+            )
+            .await
+            .map_err(query_error(format!("looking for {entry}")))?
+            .into_rows_result()
+            .map_err(query_error(format!("looking for {entry}")))?
+            .rows_num()
+            > 0;
+        if complete {
+            // A replayed batch: its state is stored already, and stays as it is.
+            return Ok(());
+        }
+        let chunks: Vec<&[u8]> = if file.bytes.is_empty() {
+            Vec::new()
+        } else {
+            file.bytes.chunks(STATE_CHUNK_BYTES).collect()
+        };
+        let insert = format!(
+            "INSERT INTO {ks}.{STATE_TABLE} (query, operator, version, kind, chunk, bytes, epoch) \
+             VALUES (?, ?, ?, ?, ?, ?, ?)"
+        );
+        for (i, chunk) in chunks.iter().enumerate() {
+            self.session
+                .query_unpaged(
+                    insert.clone(),
+                    (
+                        key.0,
+                        key.1,
+                        key.2,
+                        key.3,
+                        i as i32,
+                        chunk.to_vec(),
+                        self.epoch,
+                    ),
+                )
+                .await
+                .map_err(query_error(format!("writing {entry}")))?;
+        }
+        let count = i32::try_from(chunks.len())
+            .unwrap_or(i32::MAX)
+            .to_be_bytes();
+        self.session
+            .query_unpaged(
+                insert,
+                (
+                    key.0,
+                    key.1,
+                    key.2,
+                    key.3,
+                    STATE_COMPLETE,
+                    count.to_vec(),
+                    self.epoch,
+                ),
+            )
+            .await
+            .map_err(query_error(format!("writing {entry}")))?;
+        Ok(())
+    }
+
+    async fn list_state(
+        &mut self,
+        operator: u32,
+    ) -> Result<Vec<(BatchId, StateFileKind)>, CassandraStoreError> {
+        let ks = &self.location.keyspace;
+        let what = || format!("listing the state of operator {operator}");
+        let rows = self
+            .session
+            .query_unpaged(
+                format!(
+                    "SELECT version, kind, chunk FROM {ks}.{STATE_TABLE} WHERE query = ? AND \
+                     operator = ?"
+                ),
+                (&self.location.query, operator as i32),
+            )
+            .await
+            .map_err(query_error(what()))?
+            .into_rows_result()
+            .map_err(query_error(what()))?;
+        let mut files = Vec::new();
+        for row in rows
+            .rows::<(i64, String, i32)>()
+            .map_err(query_error(what()))?
+        {
+            let (version, kind, chunk) = row.map_err(query_error(what()))?;
+            if chunk != STATE_COMPLETE {
+                continue;
+            }
+            if let (Ok(version), Some(kind)) =
+                (u64::try_from(version), StateFileKind::from_extension(&kind))
+            {
+                files.push((BatchId(version), kind));
+            }
+        }
+        files.sort_unstable();
+        Ok(files)
+    }
+
+    async fn read_state(
+        &mut self,
+        operator: u32,
+        version: BatchId,
+        kind: StateFileKind,
+    ) -> Result<StateFile, CassandraStoreError> {
+        let ks = &self.location.keyspace;
+        let entry = self.describe_state(operator, version, kind);
+        let what = || format!("reading {entry}");
+        let rows = self
+            .session
+            .query_unpaged(
+                format!(
+                    "SELECT chunk, bytes FROM {ks}.{STATE_TABLE} WHERE query = ? AND operator = ? \
+                     AND version = ? AND kind = ?"
+                ),
+                (
+                    &self.location.query,
+                    operator as i32,
+                    i64::try_from(version.0).unwrap_or(i64::MAX),
+                    kind.extension(),
+                ),
+            )
+            .await
+            .map_err(query_error(what()))?
+            .into_rows_result()
+            .map_err(query_error(what()))?;
+        let mut count = None;
+        let mut chunks = std::collections::BTreeMap::new();
+        for row in rows
+            .rows::<(i32, Option<Vec<u8>>)>()
+            .map_err(query_error(what()))?
+        {
+            let (chunk, bytes) = row.map_err(query_error(what()))?;
+            let bytes = bytes.unwrap_or_default();
+            if chunk == STATE_COMPLETE {
+                count = <[u8; 4]>::try_from(bytes.as_slice())
+                    .ok()
+                    .map(i32::from_be_bytes);
+            } else {
+                chunks.insert(chunk, bytes);
+            }
+        }
+        let damaged = |problem: String| CassandraStoreError::Damaged {
+            entry: entry.clone(),
+            problem,
+        };
+        let count =
+            count.ok_or_else(|| damaged("missing, or cut short while written".to_owned()))?;
+        if chunks.len() != usize::try_from(count).unwrap_or(usize::MAX)
+            || chunks.keys().enumerate().any(|(i, c)| *c != i as i32)
+        {
+            return Err(damaged(format!(
+                "holds {} of its {count} chunks",
+                chunks.len()
+            )));
+        }
+        Ok(StateFile {
+            operator,
+            version,
+            kind,
+            bytes: chunks.into_values().flatten().collect(),
+            location: entry.clone(),
+        })
+    }
+
+    async fn remove_state(
+        &mut self,
+        operator: u32,
+        files: &[(BatchId, StateFileKind)],
+    ) -> Result<(), CassandraStoreError> {
+        let ks = &self.location.keyspace;
+        for (version, kind) in files {
+            self.session
+                .query_unpaged(
+                    format!(
+                        "DELETE FROM {ks}.{STATE_TABLE} WHERE query = ? AND operator = ? AND \
+                         version = ? AND kind = ?"
+                    ),
+                    (
+                        &self.location.query,
+                        operator as i32,
+                        i64::try_from(version.0).unwrap_or(i64::MAX),
+                        kind.extension(),
+                    ),
+                )
+                .await
+                .map_err(query_error(format!(
+                    "removing {}",
+                    self.describe_state(operator, *version, *kind)
+                )))?;
+        }
+        Ok(())
+    }
+
+    fn describe_state(&self, operator: u32, version: BatchId, kind: StateFileKind) -> String {
+        format!(
+            "{}.{STATE_TABLE} query={} operator={operator} version={version} kind={}",
+            self.location.keyspace,
+            self.location.query,
+            kind.extension()
+        )
     }
 
     fn is_transient(error: &CassandraStoreError) -> bool {

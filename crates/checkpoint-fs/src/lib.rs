@@ -8,6 +8,8 @@
 //!   offsets/<batch>   v1 / metadata JSON / Kafka offset JSON (the plan, written first)
 //!   commits/<batch>   v1 / {"nextBatchWatermarkMs":0}       (written after the sink)
 //!   sources/0/0       0x00 v1 / initial Kafka offsets
+//!   state/<op>/0/<batch>.delta     a stateful operator's changes in a batch
+//!   state/<op>/0/<batch>.snapshot  and all of its state, every few batches
 //!   sluice.lock       held with flock while a runner has the checkpoint open
 //! ```
 //!
@@ -25,7 +27,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchPlan, Log, Offset, OffsetStore, PartitionOffsets, StoredBatches,
+    BatchCommit, BatchId, BatchPlan, Log, Offset, OffsetStore, PartitionOffsets, StateFile,
+    StateFileKind, StoredBatches,
 };
 
 pub use atomic::TEMP_SUFFIX;
@@ -100,6 +103,12 @@ impl Checkpoint {
         ] {
             remove_temp_files(&sub)?;
         }
+        for operator in list_dir_names(&checkpoint.dir.join("state"))? {
+            let sub = checkpoint.dir.join("state").join(operator).join("0");
+            if sub.is_dir() {
+                remove_temp_files(&sub)?;
+            }
+        }
         Ok(checkpoint)
     }
 
@@ -126,6 +135,25 @@ impl Checkpoint {
         Ok((id, stored))
     }
 
+    /// The state files of `operator` in the checkpoint in `dir`, with their sizes
+    /// in bytes, read without taking the lock.
+    pub fn inspect_state(
+        dir: impl AsRef<Path>,
+        operator: u32,
+    ) -> Result<Vec<(BatchId, StateFileKind, u64)>, CheckpointError> {
+        let state = state_dir(dir.as_ref(), operator);
+        list_state_files(&state)?
+            .into_iter()
+            .map(|(version, kind)| {
+                let path = state.join(format!("{version}.{}", kind.extension()));
+                let size = fs::metadata(&path)
+                    .map_err(CheckpointError::io("reading", &path))?
+                    .len();
+                Ok((version, kind, size))
+            })
+            .collect()
+    }
+
     /// The query id from the `metadata` file.
     pub fn id(&self) -> &str {
         &self.id
@@ -144,6 +172,12 @@ impl Checkpoint {
     /// The commit file of a batch: `commits/<batch>`.
     pub fn commit_path(&self, batch: BatchId) -> PathBuf {
         self.commits_dir().join(batch.to_string())
+    }
+
+    /// Where an operator's state file is: `state/<operator>/0/<batch>.<kind>`,
+    /// as Spark lays out its state store (with one state partition).
+    pub fn state_path(&self, operator: u32, version: BatchId, kind: StateFileKind) -> PathBuf {
+        state_dir(&self.dir, operator).join(format!("{version}.{}", kind.extension()))
     }
 
     fn offsets_dir(&self) -> PathBuf {
@@ -347,6 +381,83 @@ impl OffsetStore for Checkpoint {
         blocking(move || paths.purge(keep_from)).await
     }
 
+    async fn write_state(&mut self, file: &StateFile) -> Result<(), CheckpointError> {
+        let path = self.state_path(file.operator, file.version, file.kind);
+        let bytes = file.bytes.clone();
+        blocking(move || {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            if !exists(dir)? {
+                fs::create_dir_all(dir).map_err(CheckpointError::io("creating", dir))?;
+                if let Some(parent) = dir.parent() {
+                    atomic::sync_dir(parent)?;
+                }
+            }
+            match atomic::create_file(&path, &bytes) {
+                // The batch was replayed: its state, computed from the same version
+                // before it, is stored already.
+                Err(CheckpointError::AlreadyExists { .. }) => Ok(()),
+                other => other,
+            }
+        })
+        .await
+    }
+
+    async fn list_state(
+        &mut self,
+        operator: u32,
+    ) -> Result<Vec<(BatchId, StateFileKind)>, CheckpointError> {
+        let dir = state_dir(&self.dir, operator);
+        blocking(move || list_state_files(&dir)).await
+    }
+
+    async fn read_state(
+        &mut self,
+        operator: u32,
+        version: BatchId,
+        kind: StateFileKind,
+    ) -> Result<StateFile, CheckpointError> {
+        let path = self.state_path(operator, version, kind);
+        blocking(move || {
+            let bytes = fs::read(&path).map_err(CheckpointError::io("reading", &path))?;
+            Ok(StateFile {
+                operator,
+                version,
+                kind,
+                bytes,
+                location: path.display().to_string(),
+            })
+        })
+        .await
+    }
+
+    async fn remove_state(
+        &mut self,
+        operator: u32,
+        files: &[(BatchId, StateFileKind)],
+    ) -> Result<(), CheckpointError> {
+        let paths: Vec<PathBuf> = files
+            .iter()
+            .map(|(v, k)| self.state_path(operator, *v, *k))
+            .collect();
+        blocking(move || {
+            for path in paths {
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(CheckpointError::io("removing", &path)(e)),
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    fn describe_state(&self, operator: u32, version: BatchId, kind: StateFileKind) -> String {
+        self.state_path(operator, version, kind)
+            .display()
+            .to_string()
+    }
+
     fn describe(&self, log: Log, batch: BatchId) -> String {
         let path = match log {
             Log::Plans => self.plan_path(batch),
@@ -394,6 +505,59 @@ fn list_batches(dir: &Path) -> Result<Vec<BatchId>, CheckpointError> {
         }
     }
     Ok(batches.into_keys().map(BatchId).collect())
+}
+
+/// The names in a directory; none when it does not exist.
+fn list_dir_names(dir: &Path) -> Result<Vec<String>, CheckpointError> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| {
+                e.map(|e| e.file_name().to_string_lossy().into_owned())
+                    .map_err(CheckpointError::io("listing", dir))
+            })
+            .collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(CheckpointError::io("listing", dir)(e)),
+    }
+}
+
+fn state_dir(checkpoint: &Path, operator: u32) -> PathBuf {
+    checkpoint
+        .join("state")
+        .join(operator.to_string())
+        .join("0")
+}
+
+/// The versions and kinds of an operator's state files; leftover temporary
+/// files and other names are not state.
+fn list_state_files(dir: &Path) -> Result<Vec<(BatchId, StateFileKind)>, CheckpointError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(CheckpointError::io("listing", dir)(e)),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(CheckpointError::io("listing", dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let parsed = name.split_once('.').and_then(|(version, extension)| {
+            let kind = StateFileKind::from_extension(extension)?;
+            let id: u64 = version.parse().ok()?;
+            (id.to_string() == version).then_some((BatchId(id), kind))
+        });
+        match parsed {
+            Some(file) => files.push(file),
+            None => tracing::warn!(
+                path = %entry.path().display(),
+                "ignoring a file that is not a state delta or snapshot"
+            ),
+        }
+    }
+    files.sort_unstable();
+    Ok(files)
 }
 
 fn remove_temp_files(dir: &Path) -> Result<(), CheckpointError> {

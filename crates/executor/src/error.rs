@@ -53,6 +53,21 @@ where
     /// Offsets the next batch needs are gone and `fail_on_data_loss` is set.
     #[error("{}", sluice_offsets::data_loss_report(.0))]
     DataLoss(Vec<DataLoss>),
+    /// A state version that recovery needs is not stored.
+    #[error(
+        "the state of operator {operator} at batch {version} cannot be rebuilt: {location} is \
+         missing{hint}"
+    )]
+    StateMissing {
+        /// The operator.
+        operator: u32,
+        /// The version that was to be restored.
+        version: u64,
+        /// The first missing file.
+        location: String,
+        /// What to do when the query was stateless before.
+        hint: String,
+    },
     /// A plan that could not be built from the offsets (a bug or a hand-edited store).
     #[error("cannot plan batch {batch}: {reason}")]
     Plan {

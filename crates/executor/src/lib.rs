@@ -29,6 +29,8 @@ pub mod sinks;
 mod trigger;
 
 pub use error::ExecutorError;
-pub use progress::{DurationMs, QueryProgress, SinkProgress, SourceProgress};
+pub use progress::{
+    DurationMs, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
+};
 pub use query::{IDLE_POLL, Query, QueryError, QueryOptions, RetryPolicy, RunSummary};
 pub use trigger::Trigger;

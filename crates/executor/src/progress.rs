@@ -36,10 +36,39 @@ pub struct QueryProgress {
     /// query has no event time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub event_time: Option<BTreeMap<String, String>>,
+    /// Each stateful operator's state after the batch, as Spark reports it;
+    /// absent for a stateless query.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub state_operators: Vec<StateOperatorProgress>,
     /// The one source.
     pub sources: Vec<SourceProgress>,
     /// The sink.
     pub sink: SinkProgress,
+}
+
+/// A stateful operator's part of a progress report: Spark's
+/// `StateOperatorProgress`.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StateOperatorProgress {
+    /// The operator, as Spark names it.
+    pub operator_name: String,
+    /// Rows (groups) held after the batch.
+    pub num_rows_total: u64,
+    /// Rows the batch changed.
+    pub num_rows_updated: u64,
+    /// Rows the batch removed, as final.
+    pub num_rows_removed: u64,
+    /// Input rows dropped as later than the watermark.
+    pub num_rows_dropped_by_watermark: u64,
+    /// The state's size in memory.
+    pub memory_used_bytes: u64,
+    /// Milliseconds spent making the batch's state durable.
+    pub commit_time_ms: u64,
+    /// Spark's state partitions; one here.
+    pub num_state_store_instances: u64,
+    /// The bytes of state the batch wrote to the store.
+    pub custom_metrics: BTreeMap<String, u64>,
 }
 
 /// Time per phase of a batch, named as Spark names them: milliseconds in

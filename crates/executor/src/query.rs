@@ -8,15 +8,15 @@ use sluice_offsets::{
     BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss,
     DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetStore,
     PartitionOffsets, PassThrough, Processed, Processor, RecordChunk, Recovery, Sink, Source,
-    StartingOffsets, TopicPartition, apply_data_loss_policy, classify_batch, purge_threshold,
-    rate_limit, should_run_batch,
+    StartingOffsets, StateFileKind, TopicPartition, apply_data_loss_policy, classify_batch,
+    purge_threshold, rate_limit, should_run_batch, state_files_to_load, state_files_to_purge,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::progress::{
-    DurationMs, QueryProgress, SinkProgress, SourceProgress, event_time_entry, offsets_value,
-    source_metrics,
+    DurationMs, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
+    event_time_entry, offsets_value, source_metrics,
 };
 use crate::sinks::DiscardSink;
 use crate::{ExecutorError, Trigger};
@@ -169,6 +169,13 @@ struct Streamed {
     losses: Vec<DataLoss>,
 }
 
+/// What writing a batch's state took.
+#[derive(Default)]
+struct StateWritten {
+    micros: u64,
+    bytes: u64,
+}
+
 /// A batch ready to execute, with the phases timed so far.
 struct Planned {
     plan: BatchPlan,
@@ -269,6 +276,17 @@ where
                 inconsistency,
             })?;
         summary.last_committed = stored.latest_commit.as_ref().map(|c| c.id);
+        let state_version = match recovery {
+            Recovery::StartFresh => None,
+            Recovery::RunNext { next, .. } | Recovery::Replay { batch: next } => {
+                next.0.checked_sub(1).map(BatchId)
+            }
+        };
+        self.restore_state(state_version).await?;
+        let mut last_watermark = stored
+            .latest_plan
+            .as_ref()
+            .map_or(0, |p| p.metadata().watermark_ms);
 
         let (mut next_batch, mut start) = match recovery {
             Recovery::StartFresh => (BatchId::FIRST, stored.initial_offsets.clone()),
@@ -292,6 +310,7 @@ where
                     "replaying the planned but uncommitted batch with its recorded ranges"
                 );
                 let end = plan.end_offsets();
+                last_watermark = plan.metadata().watermark_ms;
                 let planned = Planned {
                     latest: end.clone(),
                     plan,
@@ -394,8 +413,17 @@ where
             let latest_offset_us = micros(trigger_start.elapsed());
 
             let since_last = millis(last_batch_at.elapsed());
-            if available == 0
-                || !should_run_batch(available, self.options.min_offsets_per_trigger, since_last)
+            // A watermark that moved without new data still closes state: a batch
+            // without data emits it, as Spark's no-data batches do.
+            let without_data =
+                available == 0 && self.processor.wants_batch_without_data(last_watermark);
+            if !without_data
+                && (available == 0
+                    || !should_run_batch(
+                        available,
+                        self.options.min_offsets_per_trigger,
+                        since_last,
+                    ))
             {
                 start = Some(from);
                 if available == 0 && self.options.trigger.stops_when_caught_up() {
@@ -413,6 +441,7 @@ where
                 timestamp_ms: epoch_ms(timestamp),
                 conf: Default::default(),
             };
+            last_watermark = metadata.watermark_ms;
             let plan = BatchPlan::from_offsets(next_batch, &from, &end, metadata).map_err(|e| {
                 ExecutorError::Plan {
                     batch: next_batch.0,
@@ -475,6 +504,7 @@ where
             let t = Instant::now();
             // A replayed batch that a two-phase sink already has needs only its commit.
             let delivered = planned.replay
+                && self.processor.state_operators() == 0
                 && self
                     .sink
                     .delivered(batch, planned.plan.ranges())
@@ -495,6 +525,7 @@ where
             planned.losses.extend(streamed.losses);
 
             let t = Instant::now();
+            let state = self.write_state(batch).await?;
             self.processor
                 .commit_state(batch)
                 .await
@@ -523,16 +554,36 @@ where
                     Store::is_transient,
                     ExecutorError::Store
                 )?;
+                self.purge_state(keep_from).await?;
             }
             planned.durations.commit_offsets = micros(t.elapsed());
             planned.durations.trigger_execution = micros(planned.trigger_start.elapsed());
 
-            let progress = self.progress(
+            let mut progress = self.progress(
                 &planned,
                 rows,
                 &end,
                 &(streamed.output_rows, streamed.bad_records),
             );
+            progress.state_operators = self
+                .processor
+                .state_progress()
+                .into_iter()
+                .map(|s| StateOperatorProgress {
+                    operator_name: s.name,
+                    num_rows_total: s.rows_total,
+                    num_rows_updated: s.rows_updated,
+                    num_rows_removed: s.rows_removed,
+                    num_rows_dropped_by_watermark: s.rows_dropped_by_watermark,
+                    memory_used_bytes: s.memory_used_bytes,
+                    commit_time_ms: state.micros / 1000,
+                    num_state_store_instances: 1,
+                    custom_metrics: BTreeMap::from([
+                        ("stateFileBytes".to_owned(), state.bytes),
+                        ("commitTimeMicros".to_owned(), state.micros),
+                    ]),
+                })
+                .collect();
             tracing::info!(
                 batch = batch.0,
                 rows,
@@ -554,6 +605,123 @@ where
         }
         .instrument(span)
         .await
+    }
+
+    /// Rebuilds each stateful operator's state at `version` from the store:
+    /// its newest snapshot up to the version and the deltas after it.
+    async fn restore_state(
+        &mut self,
+        version: Option<BatchId>,
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        let operators = self.processor.state_operators();
+        if operators == 0 {
+            return Ok(());
+        }
+        let retry = self.options.retry;
+        let mut files = Vec::new();
+        if let Some(version) = version {
+            for operator in 0..operators {
+                let stored = retrying!(
+                    retry,
+                    "listing state",
+                    self.store.list_state(operator),
+                    Store::is_transient,
+                    ExecutorError::Store
+                )?;
+                let wanted = state_files_to_load(&stored, version).map_err(|missing| {
+                    ExecutorError::StateMissing {
+                        operator,
+                        version: version.0,
+                        location: self.store.describe_state(
+                            operator,
+                            missing,
+                            StateFileKind::Delta,
+                        ),
+                        hint: if stored.is_empty() {
+                            "; batches that ran while the query was stateless have no state: \
+                             give the stateful query a new checkpoint, or start it afresh with \
+                             `sluice offsets set --reset-state`"
+                                .to_owned()
+                        } else {
+                            String::new()
+                        },
+                    }
+                })?;
+                for (v, kind) in wanted {
+                    files.push(retrying!(
+                        retry,
+                        "reading state",
+                        self.store.read_state(operator, v, kind),
+                        Store::is_transient,
+                        ExecutorError::Store
+                    )?);
+                }
+            }
+            tracing::info!(
+                version = version.0,
+                files = files.len(),
+                "restored the state of the last committed batch"
+            );
+        }
+        self.processor
+            .restore_state(version, files)
+            .map_err(ExecutorError::Process)
+    }
+
+    /// Makes the finished batch's state durable.
+    async fn write_state(
+        &mut self,
+        batch: BatchId,
+    ) -> Result<StateWritten, QueryError<Src, Store, Proc, Snk, Dead>> {
+        let t = Instant::now();
+        let files = self
+            .processor
+            .state_files(batch)
+            .map_err(ExecutorError::Process)?;
+        let retry = self.options.retry;
+        let mut bytes = 0;
+        for file in &files {
+            retrying!(
+                retry,
+                "writing state",
+                self.store.write_state(file),
+                Store::is_transient,
+                ExecutorError::Store
+            )?;
+            bytes += file.bytes.len() as u64;
+        }
+        Ok(StateWritten {
+            micros: micros(t.elapsed()),
+            bytes,
+        })
+    }
+
+    /// Removes the state files no retained batch can start from.
+    async fn purge_state(
+        &mut self,
+        keep_from: BatchId,
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        let retry = self.options.retry;
+        for operator in 0..self.processor.state_operators() {
+            let stored = retrying!(
+                retry,
+                "listing state",
+                self.store.list_state(operator),
+                Store::is_transient,
+                ExecutorError::Store
+            )?;
+            let old = state_files_to_purge(&stored, keep_from);
+            if !old.is_empty() {
+                retrying!(
+                    retry,
+                    "purging old state",
+                    self.store.remove_state(operator, &old),
+                    Store::is_transient,
+                    ExecutorError::Store
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// Streams the batch's records from the source through the processor into
@@ -711,6 +879,7 @@ where
             duration_ms: planned.durations.to_millis(),
             duration_micros: planned.durations.clone(),
             event_time: self.processor.event_time().as_ref().map(event_time_entry),
+            state_operators: Vec::new(),
             sources: vec![SourceProgress {
                 description: self.options.source_description.clone(),
                 start_offset: offsets_value(&planned.plan.start_offsets()),

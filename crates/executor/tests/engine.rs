@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use sluice_executor::{ExecutorError, Query, QueryOptions, QueryProgress, Trigger};
 use sluice_offsets::{
     BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, Log, Offset, OffsetBounds, OffsetRange,
-    OffsetStore, PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets,
-    StoredBatches, TimestampType, TopicPartition,
+    OffsetStore, PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets, StateFile,
+    StateFileKind, StoredBatches, TimestampType, TopicPartition,
 };
 use tokio::sync::watch;
 
@@ -163,10 +163,14 @@ impl Source for MemSource {
     }
 }
 
+/// A state file's key in [`MemStore`].
+type StateKey = (u32, BatchId, StateFileKind);
+
 #[derive(Clone, Default)]
 struct MemStore {
     plans: Arc<Mutex<BTreeMap<BatchId, BatchPlan>>>,
     commits: Arc<Mutex<BTreeMap<BatchId, BatchCommit>>>,
+    state: Arc<Mutex<BTreeMap<StateKey, Vec<u8>>>>,
 }
 
 impl OffsetStore for MemStore {
@@ -208,6 +212,67 @@ impl OffsetStore for MemStore {
             .unwrap()
             .retain(|id, _| *id >= keep_from);
         Ok(())
+    }
+
+    async fn write_state(&mut self, file: &StateFile) -> Result<(), TestError> {
+        self.state
+            .lock()
+            .unwrap()
+            .entry((file.operator, file.version, file.kind))
+            .or_insert_with(|| file.bytes.clone());
+        Ok(())
+    }
+
+    async fn list_state(
+        &mut self,
+        operator: u32,
+    ) -> Result<Vec<(BatchId, StateFileKind)>, TestError> {
+        Ok(self
+            .state
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.0 == operator)
+            .map(|k| (k.1, k.2))
+            .collect())
+    }
+
+    async fn read_state(
+        &mut self,
+        operator: u32,
+        version: BatchId,
+        kind: StateFileKind,
+    ) -> Result<StateFile, TestError> {
+        let bytes = self
+            .state
+            .lock()
+            .unwrap()
+            .get(&(operator, version, kind))
+            .cloned()
+            .ok_or_else(|| TestError(format!("no state {operator} {version} {kind:?}")))?;
+        Ok(StateFile {
+            operator,
+            version,
+            kind,
+            bytes,
+            location: self.describe_state(operator, version, kind),
+        })
+    }
+
+    async fn remove_state(
+        &mut self,
+        operator: u32,
+        files: &[(BatchId, StateFileKind)],
+    ) -> Result<(), TestError> {
+        let mut state = self.state.lock().unwrap();
+        for (version, kind) in files {
+            state.remove(&(operator, *version, *kind));
+        }
+        Ok(())
+    }
+
+    fn describe_state(&self, operator: u32, version: BatchId, kind: StateFileKind) -> String {
+        format!("state {operator} {version} {kind:?}")
     }
 
     fn describe(&self, log: Log, batch: BatchId) -> String {
@@ -931,4 +996,160 @@ async fn a_replayed_batch_the_sink_already_has_is_only_committed() {
         "batch 1 is not written again, and nothing else was left"
     );
     assert!(store.commits.lock().unwrap().contains_key(&BatchId(1)));
+}
+
+/// Counts every record it has seen across batches, as state: each batch's
+/// delta is its own count, a snapshot the total so far.
+#[derive(Default)]
+struct CountingProcessor {
+    committed: u64,
+    batch: u64,
+    restored_from: Option<(Option<BatchId>, usize)>,
+}
+
+impl sluice_offsets::Processor for CountingProcessor {
+    type Output = RecordChunk;
+    type Error = TestError;
+
+    async fn begin_batch(
+        &mut self,
+        _batch: BatchId,
+        _metadata: &sluice_offsets::BatchMetadata,
+    ) -> Result<(), TestError> {
+        self.batch = 0;
+        Ok(())
+    }
+
+    async fn process(
+        &mut self,
+        records: RecordChunk,
+        out: &mut sluice_offsets::Processed<RecordChunk>,
+    ) -> Result<(), TestError> {
+        self.batch += records.len() as u64;
+        out.row_count += records.len() as u64;
+        out.rows.push(records);
+        Ok(())
+    }
+
+    fn state_operators(&self) -> u32 {
+        1
+    }
+
+    fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, TestError> {
+        let file = |kind, n: u64| StateFile {
+            operator: 0,
+            version: batch,
+            kind,
+            bytes: n.to_be_bytes().to_vec(),
+            location: String::new(),
+        };
+        let mut files = vec![file(StateFileKind::Delta, self.batch)];
+        if (batch.0 + 1).is_multiple_of(sluice_offsets::SNAPSHOT_EVERY) {
+            files.push(file(StateFileKind::Snapshot, self.committed + self.batch));
+        }
+        Ok(files)
+    }
+
+    fn restore_state(
+        &mut self,
+        version: Option<BatchId>,
+        files: Vec<StateFile>,
+    ) -> Result<(), TestError> {
+        self.restored_from = Some((version, files.len()));
+        self.committed = files
+            .iter()
+            .map(|f| u64::from_be_bytes(f.bytes.as_slice().try_into().unwrap()))
+            .sum();
+        Ok(())
+    }
+
+    async fn commit_state(&mut self, _batch: BatchId) -> Result<(), TestError> {
+        self.committed += self.batch;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn state_is_durable_before_each_commit_restored_on_restart_and_purged_to_what_recovery_needs()
+{
+    let source = MemSource::with(&[(0, 100)]);
+    let store = MemStore::default();
+    let opts = QueryOptions {
+        min_batches_to_retain: 5,
+        ..options(Trigger::AvailableNow, Some(3))
+    };
+    let mut query = Query::with_processor(
+        opts.clone(),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        CountingProcessor::default(),
+        MemSink::default(),
+        MemSink::default(),
+    );
+    let summary = query.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!(summary.batches, 34);
+    // Batches 29..=33 are kept; version 28 is the oldest a retained batch starts
+    // from, rebuilt from snapshot 19 and deltas 20..=28.
+    let kept: Vec<(BatchId, StateFileKind)> = store
+        .state
+        .lock()
+        .unwrap()
+        .keys()
+        .map(|k| (k.1, k.2))
+        .collect();
+    let mut expected = vec![(BatchId(19), StateFileKind::Snapshot)];
+    for v in 20..=33 {
+        expected.push((BatchId(v), StateFileKind::Delta));
+    }
+    expected.push((BatchId(29), StateFileKind::Snapshot));
+    expected.sort_unstable();
+    assert_eq!(kept, expected);
+
+    // A restart rebuilds the total from snapshot 29 and delta 30..=33.
+    source.logs.lock().unwrap().insert(tp(0), (0, 101));
+    let mut query = Query::with_processor(
+        opts.clone(),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        CountingProcessor::default(),
+        MemSink::default(),
+        MemSink::default(),
+    );
+    let mut totals = Vec::new();
+    query
+        .run(never_stop(), |p| totals.push(p.batch_id))
+        .await
+        .unwrap();
+    assert_eq!(totals, [34]);
+    let snapshot = store
+        .state
+        .lock()
+        .unwrap()
+        .get(&(0, BatchId(34), StateFileKind::Delta))
+        .cloned()
+        .unwrap();
+    assert_eq!(u64::from_be_bytes(snapshot.try_into().unwrap()), 1);
+
+    // A missing delta is named, and nothing is run.
+    store
+        .state
+        .lock()
+        .unwrap()
+        .remove(&(0, BatchId(32), StateFileKind::Delta));
+    let mut query = Query::with_processor(
+        opts,
+        "q".into(),
+        source,
+        store.clone(),
+        CountingProcessor::default(),
+        MemSink::default(),
+        MemSink::default(),
+    );
+    let err = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert!(
+        err.to_string().contains("state 0 32 Delta is missing"),
+        "{err}"
+    );
 }

@@ -27,6 +27,7 @@ mod rate_limit;
 mod recovery;
 mod source;
 mod starting;
+mod state;
 mod store;
 
 pub use batch::{BatchCommit, BatchId, BatchMetadata, BatchPlan, PlanError};
@@ -52,5 +53,9 @@ pub use source::{
 pub use starting::{
     MissingCommitted, SpecificOffset, StartingOffsets, StartingOffsetsError, StartingOptions,
     TimestampFallback, parse_starting_offsets,
+};
+pub use state::{
+    SNAPSHOT_EVERY, StateFile, StateFileKind, StateOperatorStats, state_files_to_load,
+    state_files_to_purge,
 };
 pub use store::{OffsetStore, StoredBatches};

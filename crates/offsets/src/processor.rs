@@ -10,7 +10,7 @@
 
 use std::future::Future;
 
-use crate::{BatchId, BatchMetadata, RecordChunk};
+use crate::{BatchId, BatchMetadata, RecordChunk, StateFile, StateOperatorStats};
 
 /// The header a record that could not be processed carries, naming why, when it
 /// goes to the dead letters.
@@ -88,13 +88,53 @@ pub trait Processor: Send {
         async { Ok(()) }
     }
 
-    /// Makes the batch's state durable; called before its commit is written.
+    /// How many stateful operators the query has, numbered from 0; none for a
+    /// stateless one.
+    fn state_operators(&self) -> u32 {
+        0
+    }
+
+    /// The state files of the batch just finished, one or more per operator, for
+    /// the executor to make durable before the batch's commit.
+    fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, Self::Error> {
+        let _ = batch;
+        Ok(Vec::new())
+    }
+
+    /// Sets the state a restart continues from: version `version`, rebuilt from
+    /// `files` (an operator's snapshot and the deltas after it, in order); `None`
+    /// for a query that starts with empty state.
+    fn restore_state(
+        &mut self,
+        version: Option<BatchId>,
+        files: Vec<StateFile>,
+    ) -> Result<(), Self::Error> {
+        let _ = (version, files);
+        Ok(())
+    }
+
+    /// What each stateful operator held after the batch just finished, for its
+    /// progress report.
+    fn state_progress(&self) -> Vec<StateOperatorStats> {
+        Vec::new()
+    }
+
+    /// The batch's state files are durable: the next batch starts from its
+    /// state. Called before its commit is written.
     fn commit_state(
         &mut self,
         batch: BatchId,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         let _ = batch;
         async { Ok(()) }
+    }
+
+    /// Whether a batch without new data should run now, under the watermark
+    /// [`Processor::watermark_ms`] gives, because that watermark closes state
+    /// the last batch could not emit: Spark's no-data batch.
+    fn wants_batch_without_data(&self, last_watermark_ms: i64) -> bool {
+        let _ = last_watermark_ms;
+        false
     }
 
     /// The event-time watermark for the next batch's plan, in epoch

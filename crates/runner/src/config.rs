@@ -53,6 +53,8 @@ pub struct Config {
 pub struct QuerySection {
     /// A SELECT over the source table.
     pub sql: String,
+    /// When an aggregation emits a group: "append", "update" or "complete".
+    pub output_mode: Option<String>,
 }
 
 /// `[dead_letter]`: a directory of JSON-lines files, or a Kafka topic.
@@ -300,6 +302,18 @@ pub struct Processing {
     pub on_bad_record: sluice_offsets::BadRecordPolicy,
     /// The event-time column and the watermark delay in milliseconds.
     pub watermark: Option<(String, i64)>,
+    /// `[query] output_mode`, when set.
+    pub output_mode: Option<sluice_sql::OutputMode>,
+}
+
+impl Processing {
+    /// How the query is planned.
+    pub fn query_options(&self) -> sluice_sql::QueryOptions {
+        sluice_sql::QueryOptions {
+            output_mode: self.output_mode,
+            watermark_column: self.watermark.as_ref().map(|(column, _)| column.clone()),
+        }
+    }
 }
 
 impl Processing {
@@ -612,7 +626,19 @@ fn settings(config: Config) -> Result<Settings> {
     if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         bail!("source.table {table:?} must be a plain name: letters, digits and underscores");
     }
-    let sql = config.query.map(|q| q.sql);
+    let (sql, output_mode) = match config.query {
+        Some(query) => (Some(query.sql), query.output_mode),
+        None => (None, None),
+    };
+    let output_mode = match output_mode.as_deref() {
+        None => None,
+        Some("append") => Some(sluice_sql::OutputMode::Append),
+        Some("update") => Some(sluice_sql::OutputMode::Update),
+        Some("complete") => Some(sluice_sql::OutputMode::Complete),
+        Some(other) => {
+            bail!("query.output_mode must be \"append\", \"update\" or \"complete\", not {other:?}")
+        }
+    };
     if sql.as_deref().is_some_and(|s| s.trim().is_empty()) {
         bail!("query.sql is empty: write a SELECT over the source table `{table}`");
     }
@@ -665,6 +691,7 @@ fn settings(config: Config) -> Result<Settings> {
         sql,
         on_bad_record,
         watermark,
+        output_mode,
     };
 
     let sink = match config.sink.kind.as_str() {
@@ -957,13 +984,16 @@ mod tests {
         let processing = &settings.processing;
         assert!(matches!(processing.format, sluice_sql::Format::Json(_)));
         let decoder = sluice_sql::Decoder::new(processing.format.clone(), false);
-        let query = sluice_sql::StreamQuery::plan(
+        let query = sluice_sql::StreamQuery::plan_with(
             processing.sql.as_deref().expect("the demo has a query"),
             &processing.table,
             decoder.schema(),
+            &processing.query_options(),
         )
         .await
         .unwrap();
+        assert!(query.is_stateful());
+        assert_eq!(query.output_mode(), Some(sluice_sql::OutputMode::Append));
         let columns: Vec<String> = query
             .schema()
             .fields()
@@ -972,16 +1002,7 @@ mod tests {
             .collect();
         assert_eq!(
             columns,
-            [
-                "order",
-                "customer",
-                "item",
-                "quantity",
-                "total",
-                "size",
-                "partition",
-                "offset"
-            ]
+            ["window_start", "window_end", "customer", "orders", "revenue"]
         );
     }
 

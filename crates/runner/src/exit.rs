@@ -80,7 +80,9 @@ impl Exit {
             ExecutorError::Store(e) => e.exit(),
             ExecutorError::Process(e) => e.exit(),
             e @ ExecutorError::DataLoss(_) => Exit::data_loss(e.into()),
-            e @ (ExecutorError::Inconsistent { .. } | ExecutorError::Plan { .. }) => Exit {
+            e @ (ExecutorError::Inconsistent { .. }
+            | ExecutorError::Plan { .. }
+            | ExecutorError::StateMissing { .. }) => Exit {
                 code: 4,
                 error: e.into(),
             },
@@ -129,6 +131,7 @@ impl Classify for SqlError {
     fn exit(self) -> Exit {
         match self {
             e @ SqlError::Execution(_) | e @ SqlError::Internal(_) => Exit::runtime(e.into()),
+            e @ SqlError::State { .. } => Exit::checkpoint_state(e.into()),
             e => Exit::config(e.into()),
         }
     }

@@ -185,9 +185,14 @@ async fn processor(settings: &Settings) -> Result<SqlProcessor, Exit> {
     let decoder = Decoder::new(processing.format.clone(), settings.kafka.include_headers);
     let query = match &processing.sql {
         Some(sql) => Some(
-            StreamQuery::plan(sql, &processing.table, decoder.schema())
-                .await
-                .map_err(|e| Exit::config(anyhow::Error::new(e).context("query.sql")))?,
+            StreamQuery::plan_with(
+                sql,
+                &processing.table,
+                decoder.schema(),
+                &processing.query_options(),
+            )
+            .await
+            .map_err(|e| Exit::config(anyhow::Error::new(e).context("query.sql")))?,
         ),
         None => None,
     };

@@ -10,7 +10,8 @@ use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_offsets::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, PartitionOffsets, Recovery,
-    StoredBatches, offsets_from_json, offsets_to_json,
+    StateFile, StateFileKind, StoredBatches, offsets_from_json, offsets_to_json,
+    state_files_to_load,
 };
 
 use crate::exit::Exit;
@@ -38,8 +39,13 @@ pub enum OffsetsCommand {
         /// Cassandra: create the keyspace with this replication if it is missing.
         #[arg(long)]
         replication: Option<String>,
+        /// For a stateful query: start its state empty at the new offsets. Without
+        /// it a stateful query's offsets are not moved, as state and offsets must
+        /// agree.
+        #[arg(long)]
+        reset_state: bool,
     },
-    /// Copy a query's id and latest committed offsets to another store.
+    /// Copy a query's id, latest committed offsets and state to another store.
     Migrate {
         /// Where the query is now.
         #[arg(long)]
@@ -81,10 +87,14 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
                 .inspect()
                 .await?
                 .ok_or_else(|| Exit::config(anyhow!("{checkpoint} holds no query")))?;
+            let mut report = report(&checkpoint, &id, &stored);
+            let state = location.inspect_state().await?;
+            if !state.is_empty() {
+                report["state"] = state_report(&stored, &state);
+            }
             println!(
                 "{}",
-                serde_json::to_string_pretty(&report(&checkpoint, &id, &stored))
-                    .unwrap_or_default()
+                serde_json::to_string_pretty(&report).unwrap_or_default()
             );
             Ok(())
         }
@@ -92,6 +102,7 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
             checkpoint,
             offsets,
             replication,
+            reset_state,
         } => {
             let target = offsets_from_json(&offsets)
                 .context("--offsets must be Spark's offset JSON, like {\"events\":{\"0\":23}}")
@@ -100,8 +111,28 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
             if location.inspect().await?.is_none() {
                 return Err(Exit::config(anyhow!("{checkpoint} holds no query")));
             }
+            let stateful = !location.inspect_state().await?.is_empty();
+            if stateful && !reset_state {
+                return Err(Exit::config(anyhow!(
+                    "{checkpoint} holds a stateful query, whose state was built from the offsets it \
+                     read: moving the offsets alone would make them disagree; add --reset-state to \
+                     start the state empty at the new offsets"
+                )));
+            }
             let mut store = location.open(None, replication).await?;
             let next = store.move_to(&target).await?;
+            if stateful {
+                // The moved-to batch's state is empty: the next batch starts from it.
+                store
+                    .write_state(&StateFile {
+                        operator: 0,
+                        version: next,
+                        kind: StateFileKind::Snapshot,
+                        bytes: Vec::new(),
+                        location: String::new(),
+                    })
+                    .await?;
+            }
             println!(
                 "{checkpoint}: the next batch ({}) starts at {}",
                 next.next(),
@@ -148,6 +179,25 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
                 )));
             }
             let mut store = target.open(Some(&id), replication).await?;
+            // The state the next batch starts from goes along: the files that
+            // rebuild the last committed batch's version.
+            let source_state = Location::parse(&from)?.inspect_state().await?;
+            if !source_state.is_empty() {
+                let listed: Vec<(BatchId, StateFileKind)> =
+                    source_state.iter().map(|(v, k, _)| (*v, *k)).collect();
+                let wanted = state_files_to_load(&listed, latest.id()).map_err(|missing| {
+                    Exit::checkpoint_state(anyhow!(
+                        "{from}: the state of batch {} cannot be rebuilt, as version {missing} is \
+                         missing",
+                        latest.id()
+                    ))
+                })?;
+                let mut source = Location::parse(&from)?.open(None, None).await?;
+                for (version, kind) in wanted {
+                    let file = source.read_state(version, kind).await?;
+                    store.write_state(&file).await?;
+                }
+            }
             if target_is_empty {
                 // The same batch, so the numbering goes on where it was.
                 store.write_plan(&latest).await?;
@@ -185,6 +235,12 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
                 )));
             }
             let location = Location::parse(&checkpoint)?;
+            if !location.inspect_state().await?.is_empty() {
+                return Err(Exit::config(anyhow!(
+                    "{checkpoint} holds a stateful query, whose state must agree with its offsets; \
+                     use `sluice offsets set --reset-state` with the imported offsets instead"
+                )));
+            }
             let mut store = location.open(None, replication).await?;
             let next = store.move_to(&offsets).await?;
             println!(
@@ -254,6 +310,36 @@ fn report(location: &str, id: &str, stored: &StoredBatches) -> Value {
     })
 }
 
+/// The state a restart starts from: the version of the last commit, and the
+/// files and bytes that rebuild it.
+fn state_report(stored: &StoredBatches, files: &[(BatchId, StateFileKind, u64)]) -> Value {
+    let listed: Vec<(BatchId, StateFileKind)> = files.iter().map(|(v, k, _)| (*v, *k)).collect();
+    let version = stored.latest_commit.as_ref().map(|c| c.id);
+    let needed = version.map(|v| state_files_to_load(&listed, v));
+    let (rebuilds, bytes) = match &needed {
+        Some(Ok(needed)) => (
+            Value::from(needed.len()),
+            Value::from(
+                files
+                    .iter()
+                    .filter(|(v, k, _)| needed.contains(&(*v, *k)))
+                    .map(|(_, _, b)| b)
+                    .sum::<u64>(),
+            ),
+        ),
+        _ => (Value::Null, Value::Null),
+    };
+    json!([{
+        "operator": 0,
+        "version": version.map(|v| v.0),
+        "missing": needed.and_then(|n| n.err()).map(|v| v.0),
+        "filesToRebuild": rebuilds,
+        "bytesToRebuild": bytes,
+        "filesStored": files.len(),
+        "bytesStored": files.iter().map(|(_, _, b)| b).sum::<u64>(),
+    }])
+}
+
 fn offsets_json(offsets: &PartitionOffsets) -> Value {
     serde_json::from_str(&offsets_to_json(offsets)).unwrap_or(Value::Null)
 }
@@ -295,6 +381,30 @@ impl Location {
                         sluice_cassandra_store::CassandraStoreError::MissingKeyspace { .. }
                         | sluice_cassandra_store::CassandraStoreError::MissingTable { .. },
                     ) => Ok(None),
+                    Err(e) => Err(Exit::cassandra(e)),
+                }
+            }
+        }
+    }
+
+    /// The state files of the query's stateful operator, with their sizes,
+    /// read without taking the query over.
+    async fn inspect_state(&self) -> Result<Vec<(BatchId, StateFileKind, u64)>, Exit> {
+        match self {
+            Location::Directory(dir) => Checkpoint::inspect_state(dir, 0).map_err(Exit::checkpoint),
+            Location::Cassandra(location) => {
+                match CassandraStore::inspect_state(
+                    location.clone(),
+                    CassandraOptions::default(),
+                    0,
+                )
+                .await
+                {
+                    Ok(found) => Ok(found),
+                    Err(
+                        sluice_cassandra_store::CassandraStoreError::MissingKeyspace { .. }
+                        | sluice_cassandra_store::CassandraStoreError::MissingTable { .. },
+                    ) => Ok(Vec::new()),
                     Err(e) => Err(Exit::cassandra(e)),
                 }
             }
@@ -357,6 +467,30 @@ impl Writer {
         match self {
             Writer::Directory(s) => s.write_commit(commit).await.map_err(Exit::checkpoint),
             Writer::Cassandra(s) => s.write_commit(commit).await.map_err(Exit::cassandra),
+        }
+    }
+
+    async fn write_state(&mut self, file: &StateFile) -> Result<(), Exit> {
+        match self {
+            Writer::Directory(s) => s.write_state(file).await.map_err(Exit::checkpoint),
+            Writer::Cassandra(s) => s.write_state(file).await.map_err(Exit::cassandra),
+        }
+    }
+
+    async fn read_state(
+        &mut self,
+        version: BatchId,
+        kind: StateFileKind,
+    ) -> Result<StateFile, Exit> {
+        match self {
+            Writer::Directory(s) => s
+                .read_state(0, version, kind)
+                .await
+                .map_err(Exit::checkpoint),
+            Writer::Cassandra(s) => s
+                .read_state(0, version, kind)
+                .await
+                .map_err(Exit::cassandra),
         }
     }
 

@@ -47,6 +47,14 @@ pub enum SqlError {
     /// The query failed on a chunk's rows (a cast of a value that does not fit).
     #[error("the query failed on a batch's rows: {0}")]
     Execution(String),
+    /// A stored state file that cannot be read back, or belongs to another query.
+    #[error("state file {location}: {reason}")]
+    State {
+        /// Where it is stored.
+        location: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A fault of Sluice, not of the input.
     #[error("internal error in the SQL layer: {0}")]
     Internal(String),

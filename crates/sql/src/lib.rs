@@ -1,5 +1,6 @@
 //! SQL over the stream: records as Arrow, values decoded into columns, and
-//! stateless queries planned once by Apache DataFusion and run on every chunk.
+//! queries planned once by Apache DataFusion and run on every chunk, with
+//! event-time windows and aggregation whose state is kept across batches.
 //!
 //! This crate computes and does no I/O: it turns [`RecordChunk`]s into Arrow
 //! record batches with Spark's Kafka columns ([`columns`]), decodes values in a
@@ -10,18 +11,22 @@
 //! [`RecordChunk`]: sluice_offsets::RecordChunk
 //! [`Processor`]: sluice_offsets::Processor
 
+mod aggregate;
 pub mod columns;
 mod ddl;
 pub mod decode;
 mod error;
 mod processor;
 mod query;
+mod state;
+pub mod window;
 
+pub use aggregate::{OutputMode, StateStats};
 pub use ddl::parse_ddl;
 pub use decode::{AvroFormat, AvroWire, BadRecord, Decoded, Decoder, Format};
 pub use error::SqlError;
 pub use processor::SqlProcessor;
-pub use query::StreamQuery;
+pub use query::{QueryOptions, StreamQuery};
 
 /// Arrow, as this crate uses it, for the crates that take its rows.
 pub use arrow;

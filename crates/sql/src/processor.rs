@@ -4,7 +4,7 @@ use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
 use sluice_offsets::{
     BatchId, BatchMetadata, ERROR_HEADER, EventTimeStats, Processed, Processor, RecordChunk,
-    RecordParts,
+    RecordParts, SNAPSHOT_EVERY, StateFile, StateFileKind, StateOperatorStats,
 };
 
 use crate::{BadRecord, Decoder, SqlError, StreamQuery};
@@ -32,6 +32,8 @@ struct EventTime {
     watermark_ms: i64,
     /// The batch's event times so far.
     seen: Seen,
+    /// The watermark the last batch begun ran under, for no-data batches.
+    begun_ms: i64,
 }
 
 /// The event times a batch's rows carried so far.
@@ -47,6 +49,27 @@ impl EventTime {
     fn begin(&mut self, watermark_ms: i64) {
         self.watermark_ms = watermark_ms;
         self.seen = Seen::default();
+    }
+
+    /// The rows of `batch` at or after the watermark, and how many were older.
+    fn on_time(&self, batch: RecordBatch) -> Result<(RecordBatch, u64), SqlError> {
+        let millis = arrow::compute::cast(
+            batch.column(self.column),
+            &DataType::Timestamp(TimeUnit::Millisecond, None),
+        )
+        .map_err(|e| SqlError::Internal(format!("reading the event time: {e}")))?;
+        let millis = millis.as_primitive::<TimestampMillisecondType>();
+        let keep: arrow::array::BooleanArray = millis
+            .iter()
+            .map(|ms| Some(ms.is_none_or(|ms| ms >= self.watermark_ms)))
+            .collect();
+        let late = (keep.len() - keep.true_count()) as u64;
+        if late == 0 {
+            return Ok((batch, 0));
+        }
+        let kept = arrow::compute::filter_record_batch(&batch, &keep)
+            .map_err(|e| SqlError::Internal(format!("dropping late rows: {e}")))?;
+        Ok((kept, late))
     }
 
     fn observe(&mut self, batch: &RecordBatch) -> Result<(), SqlError> {
@@ -132,6 +155,7 @@ impl SqlProcessor {
             delay_ms,
             watermark_ms: 0,
             seen: Seen::default(),
+            begun_ms: 0,
         });
         Ok(self)
     }
@@ -156,8 +180,111 @@ impl Processor for SqlProcessor {
     ) -> Result<(), SqlError> {
         if let Some(event_time) = &mut self.event_time {
             event_time.begin(metadata.watermark_ms);
+            event_time.begun_ms = metadata.watermark_ms;
+        }
+        if let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) {
+            aggregation.begin()?;
         }
         Ok(())
+    }
+
+    async fn finish_batch(
+        &mut self,
+        _batch: BatchId,
+        out: &mut Processed<RecordBatch>,
+    ) -> Result<(), SqlError> {
+        let watermark_ms = self.event_time.as_ref().map_or(0, |e| e.watermark_ms);
+        if let Some(query) = self.query.as_mut().filter(|q| q.is_stateful()) {
+            let rows = query.finish_batch(watermark_ms).await?;
+            out.row_count += rows.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+            out.rows.extend(rows);
+        }
+        Ok(())
+    }
+
+    fn state_operators(&self) -> u32 {
+        u32::from(self.query.as_ref().is_some_and(StreamQuery::is_stateful))
+    }
+
+    fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, SqlError> {
+        let Some(aggregation) = self.query.as_ref().and_then(StreamQuery::aggregation_ref) else {
+            return Ok(Vec::new());
+        };
+        let Some((delta, snapshot)) = aggregation.pending_files() else {
+            return Ok(Vec::new());
+        };
+        let file = |kind, table: &RecordBatch| -> Result<StateFile, SqlError> {
+            Ok(StateFile {
+                operator: 0,
+                version: batch,
+                kind,
+                bytes: crate::state::encode(table)?,
+                location: String::new(),
+            })
+        };
+        let mut files = vec![file(StateFileKind::Delta, &delta)?];
+        if (batch.0 + 1).is_multiple_of(SNAPSHOT_EVERY) {
+            files.push(file(StateFileKind::Snapshot, &snapshot)?);
+        }
+        Ok(files)
+    }
+
+    fn restore_state(
+        &mut self,
+        version: Option<BatchId>,
+        files: Vec<StateFile>,
+    ) -> Result<(), SqlError> {
+        let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) else {
+            return Ok(());
+        };
+        if version.is_none() {
+            aggregation.reset();
+            return Ok(());
+        }
+        let schema = aggregation.file_schema();
+        let tables = files
+            .iter()
+            .map(|f| crate::state::decode(&f.bytes, &schema, &f.location))
+            .collect::<Result<Vec<_>, _>>()?;
+        aggregation.restore(&tables)
+    }
+
+    fn commit_state(
+        &mut self,
+        _batch: BatchId,
+    ) -> impl std::future::Future<Output = Result<(), SqlError>> + Send {
+        if let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) {
+            aggregation.commit();
+        }
+        async { Ok(()) }
+    }
+
+    fn state_progress(&self) -> Vec<StateOperatorStats> {
+        let Some(aggregation) = self.query.as_ref().and_then(StreamQuery::aggregation_ref) else {
+            return Vec::new();
+        };
+        let stats = aggregation.stats();
+        vec![StateOperatorStats {
+            name: aggregation.operator_name().to_owned(),
+            rows_total: stats.rows_total,
+            rows_updated: stats.rows_updated,
+            rows_removed: stats.rows_removed,
+            rows_dropped_by_watermark: stats.rows_dropped_by_watermark,
+            memory_used_bytes: stats.memory_used_bytes,
+            file_bytes: 0,
+        }]
+    }
+
+    fn wants_batch_without_data(&self, last_watermark_ms: i64) -> bool {
+        let (Some(aggregation), Some(event_time)) = (
+            self.query.as_ref().and_then(StreamQuery::aggregation_ref),
+            self.event_time.as_ref(),
+        ) else {
+            return false;
+        };
+        aggregation.evicts()
+            && aggregation.stats().rows_total > 0
+            && event_time.next_watermark_ms() > last_watermark_ms
     }
 
     fn watermark_ms(&self) -> i64 {
@@ -181,11 +308,21 @@ impl Processor for SqlProcessor {
         records: RecordChunk,
         out: &mut Processed<RecordBatch>,
     ) -> Result<(), SqlError> {
-        let decoded = self.decoder.decode(&records)?;
+        let mut decoded = self.decoder.decode(&records)?;
         if let Some(event_time) = &mut self.event_time {
             event_time.observe(&decoded.batch)?;
         }
         let mut bad: Vec<BadRecord> = decoded.bad;
+        let stateful = self.query.as_ref().is_some_and(StreamQuery::is_stateful);
+        if stateful && let Some(event_time) = &self.event_time {
+            // Late rows are left out of state, as in Spark: their groups may be
+            // final and emitted already.
+            let (on_time, late) = event_time.on_time(decoded.batch)?;
+            decoded.batch = on_time;
+            if let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) {
+                aggregation.dropped(late);
+            }
+        }
         let rows = match &self.query {
             Some(query) => match query.run(decoded.batch.clone()).await {
                 Ok(rows) => rows,
@@ -225,6 +362,15 @@ impl Processor for SqlProcessor {
                     .headers()
                     .chain(std::iter::once((ERROR_HEADER, Some(bad.reason.as_bytes())))),
             );
+        }
+        if stateful {
+            // Their groups' rows are emitted when the batch finishes.
+            if let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) {
+                for batch in &rows {
+                    aggregation.update(batch)?;
+                }
+            }
+            return Ok(());
         }
         out.row_count += rows.iter().map(|b| b.num_rows() as u64).sum::<u64>();
         out.rows.extend(rows);
@@ -447,5 +593,202 @@ mod tests {
         SqlProcessor::new(Decoder::new(Format::Raw, false), None)
             .with_watermark("timestamp", 5_000)
             .unwrap();
+    }
+}
+
+#[cfg(test)]
+mod stateful_tests {
+    use std::sync::Arc;
+
+    use arrow::array::RecordBatch;
+    use sluice_offsets::{
+        BatchId, BatchMetadata, Offset, Processed, Processor, Record, RecordChunk, StateFile,
+        TimestampType,
+    };
+
+    use super::*;
+    use crate::{Format, OutputMode, QueryOptions, parse_ddl};
+
+    const SQL: &str = "SELECT window.start AS s, window.end AS e, user, count(*) AS n, \
+                       sum(amount) AS total FROM source GROUP BY window(ts, '10 seconds'), user";
+
+    async fn processor(sql: &str, mode: Option<OutputMode>) -> SqlProcessor {
+        let decoder = Decoder::new(
+            Format::Json(parse_ddl("user STRING, amount BIGINT, ts TIMESTAMP").unwrap()),
+            false,
+        );
+        let options = QueryOptions {
+            output_mode: mode,
+            watermark_column: Some("ts".to_owned()),
+        };
+        let query = StreamQuery::plan_with(sql, "source", decoder.schema(), &options)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        SqlProcessor::new(decoder, Some(query))
+            .with_watermark("ts", 5_000)
+            .unwrap()
+    }
+
+    fn chunk(rows: &[(&str, i64, i64)]) -> RecordChunk {
+        let mut chunk = RecordChunk::default();
+        for (i, (user, amount, second)) in rows.iter().enumerate() {
+            let value = format!(
+                r#"{{"user":"{user}","amount":{amount},"ts":"2026-01-01T00:00:{second:02}Z"}}"#
+            );
+            chunk.push_record(&Record {
+                topic: Arc::from("orders"),
+                partition: 0,
+                offset: Offset::new(i as i64).unwrap(),
+                timestamp_ms: Some(0),
+                timestamp_type: TimestampType::CreateTime,
+                key: None,
+                value: Some(value.into_bytes()),
+                headers: Vec::new(),
+            });
+        }
+        chunk
+    }
+
+    /// Runs one batch; its emitted rows as text, sorted, and its state files.
+    async fn run(
+        p: &mut SqlProcessor,
+        id: u64,
+        rows: &[(&str, i64, i64)],
+    ) -> (Vec<String>, Vec<StateFile>) {
+        let metadata = BatchMetadata {
+            watermark_ms: p.watermark_ms(),
+            timestamp_ms: 0,
+            conf: Default::default(),
+        };
+        p.begin_batch(BatchId(id), &metadata).await.unwrap();
+        let mut out = Processed::<RecordBatch>::default();
+        if !rows.is_empty() {
+            p.process(chunk(rows), &mut out).await.unwrap();
+        }
+        p.finish_batch(BatchId(id), &mut out).await.unwrap();
+        let files = p.state_files(BatchId(id)).unwrap();
+        p.commit_state(BatchId(id)).await.unwrap();
+        (text(&out.rows), files)
+    }
+
+    fn text(batches: &[RecordBatch]) -> Vec<String> {
+        let mut rows = Vec::new();
+        for batch in batches {
+            for row in 0..batch.num_rows() {
+                let cells: Vec<String> = batch
+                    .columns()
+                    .iter()
+                    .map(|c| arrow::util::display::array_value_to_string(c, row).unwrap())
+                    .collect();
+                rows.push(cells.join(" "));
+            }
+        }
+        rows.sort();
+        rows
+    }
+
+    const T0: &str = "2026-01-01T00:00:00Z";
+    const T10: &str = "2026-01-01T00:00:10Z";
+    const T20: &str = "2026-01-01T00:00:20Z";
+
+    #[tokio::test]
+    async fn append_emits_each_window_once_when_the_watermark_passes_its_end() {
+        let mut p = processor(SQL, None).await;
+        let (out, _) = run(&mut p, 0, &[("ann", 5, 1), ("bob", 1, 2), ("ann", 7, 12)]).await;
+        assert!(out.is_empty(), "nothing is final yet: {out:?}");
+        assert_eq!(p.watermark_ms(), 1_767_225_600_000 + 7_000);
+        // 3 s is older than the watermark (7 s): dropped and counted.
+        let (out, _) = run(&mut p, 1, &[("ann", 100, 3), ("bob", 2, 25)]).await;
+        assert!(out.is_empty(), "[0, 10) ends after 7 s: {out:?}");
+        assert_eq!(p.state_progress()[0].rows_dropped_by_watermark, 1);
+        assert!(p.wants_batch_without_data(1_767_225_607_000));
+        // A batch without data under the watermark of 20 s closes two windows.
+        let (out, _) = run(&mut p, 2, &[]).await;
+        assert_eq!(
+            out,
+            [
+                format!("{T0} {T10} ann 1 5"),
+                format!("{T0} {T10} bob 1 1"),
+                format!("{T10} {T20} ann 1 7"),
+            ]
+        );
+        let stats = &p.state_progress()[0];
+        assert_eq!((stats.rows_total, stats.rows_removed), (1, 3), "{stats:?}");
+        assert!(!p.wants_batch_without_data(p.watermark_ms()));
+        // And never again.
+        let (out, _) = run(&mut p, 3, &[("carl", 1, 59)]).await;
+        assert!(
+            out.is_empty(),
+            "[20 s, 30 s) ends after the watermark of 20 s: {out:?}"
+        );
+        let (out, _) = run(&mut p, 4, &[]).await;
+        assert_eq!(out, [format!("{T20} 2026-01-01T00:00:30Z bob 1 2")]);
+    }
+
+    #[tokio::test]
+    async fn update_emits_the_groups_a_batch_changed() {
+        let mut p = processor(SQL, Some(OutputMode::Update)).await;
+        let (out, _) = run(&mut p, 0, &[("ann", 5, 1), ("bob", 1, 2)]).await;
+        assert_eq!(out.len(), 2);
+        let (out, _) = run(&mut p, 1, &[("ann", 5, 3)]).await;
+        assert_eq!(out, [format!("{T0} {T10} ann 2 10")]);
+    }
+
+    #[tokio::test]
+    async fn state_restored_from_its_files_continues_as_if_nothing_happened() {
+        let batches: Vec<Vec<(&str, i64, i64)>> = vec![
+            vec![("ann", 5, 1), ("bob", 1, 2)],
+            vec![("ann", 1, 8), ("bob", 2, 14)],
+            vec![("ann", 3, 16), ("carl", 4, 18)],
+            vec![("ann", 1, 29)],
+            vec![],
+        ];
+        let mut straight = processor(SQL, Some(OutputMode::Update)).await;
+        let mut expected = Vec::new();
+        for (id, rows) in batches.iter().enumerate() {
+            expected.push(run(&mut straight, id as u64, rows).await.0);
+        }
+        // Crash after every batch: a fresh processor restores from the files.
+        let mut files: Vec<StateFile> = Vec::new();
+        let mut watermark = 0;
+        for (id, rows) in batches.iter().enumerate() {
+            let mut p = processor(SQL, Some(OutputMode::Update)).await;
+            p.restore_watermark(watermark);
+            let version = id.checked_sub(1).map(|v| BatchId(v as u64));
+            p.restore_state(version, files.clone()).unwrap();
+            let (out, new) = run(&mut p, id as u64, rows).await;
+            assert_eq!(out, expected[id], "batch {id}");
+            files.extend(new);
+            watermark = p.watermark_ms();
+        }
+    }
+
+    #[tokio::test]
+    async fn sliding_windows_count_a_row_in_each_window_it_falls_in() {
+        let sql = "SELECT window.start AS s, count(*) AS n FROM source \
+                   GROUP BY window(ts, '10 seconds', '5 seconds')";
+        let mut p = processor(sql, Some(OutputMode::Update)).await;
+        let (out, _) = run(&mut p, 0, &[("a", 1, 7)]).await;
+        // 7 s falls in [0 s, 10 s) and [5 s, 15 s).
+        assert_eq!(
+            out,
+            [format!("{T0} 1"), "2026-01-01T00:00:05Z 1".to_owned()]
+        );
+    }
+
+    #[tokio::test]
+    async fn sessions_merge_when_they_overlap() {
+        let sql = "SELECT session_window.start AS s, session_window.end AS e, user, count(*) AS n \
+                   FROM source GROUP BY session_window(ts, '5 seconds'), user";
+        let sql = sql.replace("session_window.", "window.");
+        let mut p = processor(&sql, Some(OutputMode::Update)).await;
+        let (out, _) = run(&mut p, 0, &[("a", 1, 1), ("a", 1, 4), ("a", 1, 20)]).await;
+        assert_eq!(
+            out,
+            [
+                "2026-01-01T00:00:01Z 2026-01-01T00:00:09Z a 2",
+                "2026-01-01T00:00:20Z 2026-01-01T00:00:25Z a 1"
+            ]
+        );
     }
 }

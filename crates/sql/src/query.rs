@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::DataFusionError;
@@ -23,13 +23,35 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
 use crate::SqlError;
+use crate::aggregate::{AggregateParts, Aggregation, Eviction, OutputMode, is_window_key};
+use crate::window::{WindowGrouping, WindowKind, rewrite_window_grouping, window_functions};
 
-/// A stateless query over the source table, ready to run chunk after chunk.
+/// A query over the source table, ready to run chunk after chunk. A query that
+/// aggregates runs in two parts: the plan below its aggregate on every chunk,
+/// and the plan above it on the groups each batch emits.
 pub struct StreamQuery {
     plan: Arc<dyn ExecutionPlan>,
     task: Arc<TaskContext>,
     slot: Arc<Slot>,
     schema: SchemaRef,
+    stateful: Option<Stateful>,
+}
+
+/// The aggregation of a query, and the plan over what it emits.
+struct Stateful {
+    aggregation: Aggregation,
+    upper: Arc<dyn ExecutionPlan>,
+    upper_slot: Arc<Slot>,
+}
+
+/// How a query runs, beyond its SQL.
+#[derive(Clone, Debug, Default)]
+pub struct QueryOptions {
+    /// `[query] output_mode`; `None` for the default: append for windows,
+    /// update for other aggregations.
+    pub output_mode: Option<OutputMode>,
+    /// The event-time column, when the query has a watermark.
+    pub watermark_column: Option<String>,
 }
 
 impl std::fmt::Debug for StreamQuery {
@@ -77,6 +99,17 @@ impl StreamQuery {
     /// Refuses what cannot run on an unbounded stream, with the reason and what
     /// to write instead.
     pub async fn plan(sql: &str, table: &str, input: SchemaRef) -> Result<StreamQuery, SqlError> {
+        StreamQuery::plan_with(sql, table, input, &QueryOptions::default()).await
+    }
+
+    /// Plans `sql` as [`StreamQuery::plan`] does, with an output mode and a
+    /// watermark for a query that aggregates.
+    pub async fn plan_with(
+        sql: &str,
+        table: &str,
+        input: SchemaRef,
+        options: &QueryOptions,
+    ) -> Result<StreamQuery, SqlError> {
         let mut config = SessionConfig::new()
             .with_target_partitions(1)
             .with_coalesce_batches(false)
@@ -91,6 +124,9 @@ impl StreamQuery {
         let mut ctx = SessionContext::new_with_config(config);
         datafusion_functions_json::register_all(&mut ctx)
             .map_err(|e| SqlError::Internal(e.to_string()))?;
+        for function in window_functions() {
+            ctx.register_udf(function);
+        }
         let slot = Arc::new(Slot::default());
         let partition = Arc::new(SlotPartition {
             schema: input.clone(),
@@ -102,9 +138,10 @@ impl StreamQuery {
             .map_err(|e| SqlError::Internal(e.to_string()))?;
 
         only_one_select(sql)?;
+        let (sql, grouping) = rewrite_window_grouping(sql)?;
         let logical = ctx
             .state()
-            .create_logical_plan(sql)
+            .create_logical_plan(&sql)
             .await
             .map_err(|e| planning_error(e, table))?;
         refuse_what_streams_cannot_do(&logical)?;
@@ -117,12 +154,84 @@ impl StreamQuery {
             .await
             .map_err(|e| planning_error(e, table))?;
         let schema = plan.schema();
+        let Some(parts) = split_at_aggregate(&plan)? else {
+            if options.output_mode == Some(OutputMode::Complete) {
+                return Err(refused(
+                    "output_mode = \"complete\" without an aggregation",
+                    "complete mode writes the whole result every batch, and a query that does \
+                     not aggregate has no result but its rows",
+                    "leave output_mode out (append), or aggregate",
+                ));
+            }
+            return Ok(StreamQuery {
+                plan,
+                task: ctx.task_ctx(),
+                slot,
+                schema,
+                stateful: None,
+            });
+        };
+        let (lower, top, parts) = parts;
+        let upper_slot = Arc::new(Slot::default());
+        let aggregation = aggregation(parts, grouping.as_ref(), options)?;
+        let upper = replace_aggregate(&plan, &top, aggregation.output_schema(), &upper_slot)?;
         Ok(StreamQuery {
-            plan,
+            plan: lower,
             task: ctx.task_ctx(),
             slot,
             schema,
+            stateful: Some(Stateful {
+                aggregation,
+                upper,
+                upper_slot,
+            }),
         })
+    }
+
+    /// Whether the query aggregates, keeping state across batches.
+    pub fn is_stateful(&self) -> bool {
+        self.stateful.is_some()
+    }
+
+    /// The output mode of a query that aggregates.
+    pub fn output_mode(&self) -> Option<OutputMode> {
+        self.stateful.as_ref().map(|s| s.aggregation.mode())
+    }
+
+    pub(crate) fn aggregation(&mut self) -> Option<&mut Aggregation> {
+        self.stateful.as_mut().map(|s| &mut s.aggregation)
+    }
+
+    pub(crate) fn aggregation_ref(&self) -> Option<&Aggregation> {
+        self.stateful.as_ref().map(|s| &s.aggregation)
+    }
+
+    /// Ends a batch of a query that aggregates: the rows its output mode emits
+    /// under `watermark_ms`, through the plan above the aggregate.
+    pub(crate) async fn finish_batch(
+        &mut self,
+        watermark_ms: i64,
+    ) -> Result<Vec<RecordBatch>, SqlError> {
+        let Some(stateful) = self.stateful.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let emitted = stateful.aggregation.finish(watermark_ms)?;
+        if emitted.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        *stateful
+            .upper_slot
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = vec![emitted];
+        let out = run_plan(&stateful.upper, &self.task).await;
+        stateful
+            .upper_slot
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        out
     }
 
     /// The schema of the rows the query makes.
@@ -160,24 +269,236 @@ impl StreamQuery {
         Ok((rows, failed))
     }
 
-    /// Every output partition of the plan in turn: a UNION ALL has one per side.
     async fn run_partitions(&self) -> Result<Vec<RecordBatch>, SqlError> {
-        let mut out = Vec::new();
-        let partitions = self.plan.output_partitioning().partition_count();
-        for partition in 0..partitions {
-            let mut stream = self
-                .plan
-                .execute(partition, self.task.clone())
-                .map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
-            while let Some(batch) = stream.next().await {
-                let batch = batch.map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
-                if batch.num_rows() > 0 {
-                    out.push(batch);
+        run_plan(&self.plan, &self.task).await
+    }
+}
+
+/// Every output partition of `plan` in turn: a UNION ALL has one per side.
+async fn run_plan(
+    plan: &Arc<dyn ExecutionPlan>,
+    task: &Arc<TaskContext>,
+) -> Result<Vec<RecordBatch>, SqlError> {
+    let mut out = Vec::new();
+    let partitions = plan.output_partitioning().partition_count();
+    for partition in 0..partitions {
+        let mut stream = plan
+            .execute(partition, task.clone())
+            .map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
+            if batch.num_rows() > 0 {
+                out.push(batch);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The plan below the query's aggregate, the aggregate node, and its parts;
+/// `None` when the query does not aggregate.
+type Split = (
+    Arc<dyn ExecutionPlan>,
+    Arc<dyn ExecutionPlan>,
+    AggregateParts,
+);
+
+fn split_at_aggregate(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Split>, SqlError> {
+    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+    let mut aggregates: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
+    let _ = plan.apply(|node| {
+        if node.is::<AggregateExec>() {
+            aggregates.push(node.clone());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    let Some(top) = aggregates.first().cloned() else {
+        return Ok(None);
+    };
+    let Some(exec) = top.downcast_ref::<AggregateExec>() else {
+        return Ok(None);
+    };
+    // DataFusion may plan a partial and a final step; the partial step's
+    // expressions read the rows below.
+    let (partial, count) = match exec.mode() {
+        AggregateMode::Final | AggregateMode::FinalPartitioned => {
+            match exec.input().downcast_ref::<AggregateExec>() {
+                Some(partial) => (partial, 2),
+                None => {
+                    return Err(SqlError::Internal(
+                        "a final aggregate without its partial one".to_owned(),
+                    ));
                 }
             }
         }
-        Ok(out)
+        _ => (exec, 1),
+    };
+    if aggregates.len() > count {
+        return Err(refused(
+            "more than one aggregation",
+            "a streaming query may aggregate once, as in Spark: the groups of a second \
+             aggregation would depend on when the first emits",
+            "aggregate once, and aggregate further downstream",
+        ));
     }
+    let group_by = partial.group_expr();
+    if group_by.has_grouping_set() {
+        return Err(refused(
+            "GROUPING SETS, ROLLUP or CUBE",
+            "each grouping set is a separate aggregation",
+            "group by one set of keys",
+        ));
+    }
+    for aggregate in partial.aggr_expr() {
+        if !aggregate.order_bys().is_empty() || !aggregate.order_sensitivity().is_insensitive() {
+            return Err(refused(
+                &format!("the aggregate {}", aggregate.name()),
+                "its result depends on the order rows arrive in, and the rows of a stream arrive \
+                 over many batches, so its partial state cannot be merged",
+                "use an aggregate that does not depend on order, such as min or max",
+            ));
+        }
+        if let Err(e) = aggregate.state_fields() {
+            return Err(refused(
+                &format!("the aggregate {}", aggregate.name()),
+                &format!(
+                    "its partial state cannot be kept between batches ({})",
+                    one_line(&e.to_string())
+                ),
+                "use an aggregate whose partial state merges, such as count, sum, min, max or avg",
+            ));
+        }
+    }
+    let parts = AggregateParts {
+        group_exprs: group_by.expr().to_vec(),
+        aggregates: partial.aggr_expr().to_vec(),
+        filters: partial.filter_expr().to_vec(),
+        output: top.schema(),
+        input: partial.input().schema(),
+    };
+    Ok(Some((partial.input().clone(), top, parts)))
+}
+
+/// The plan above the aggregate, reading what the aggregation emits.
+fn replace_aggregate(
+    plan: &Arc<dyn ExecutionPlan>,
+    top: &Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+    slot: &Arc<Slot>,
+) -> Result<Arc<dyn ExecutionPlan>, SqlError> {
+    use datafusion::common::tree_node::Transformed;
+    use datafusion::physical_plan::streaming::StreamingTableExec;
+    let source: Arc<dyn ExecutionPlan> = Arc::new(
+        StreamingTableExec::try_new(
+            schema.clone(),
+            vec![Arc::new(SlotPartition {
+                schema,
+                slot: slot.clone(),
+            })],
+            None,
+            Vec::new(),
+            false,
+            None,
+        )
+        .map_err(|e| SqlError::Internal(e.to_string()))?,
+    );
+    plan.clone()
+        .transform_down(|node| {
+            if Arc::ptr_eq(&node, top) {
+                Ok(Transformed::yes(source.clone()))
+            } else {
+                Ok(Transformed::no(node))
+            }
+        })
+        .map(|t| t.data)
+        .map_err(|e| SqlError::Internal(e.to_string()))
+}
+
+/// The aggregation for `parts`, with its output mode checked as Spark checks
+/// it.
+fn aggregation(
+    parts: AggregateParts,
+    grouping: Option<&WindowGrouping>,
+    options: &QueryOptions,
+) -> Result<Aggregation, SqlError> {
+    let keys: Vec<(String, DataType)> = parts
+        .group_exprs
+        .iter()
+        .map(|(expr, name)| {
+            expr.data_type(&parts.input)
+                .map(|t| (name.clone(), t))
+                .map_err(|e| SqlError::Internal(e.to_string()))
+        })
+        .collect::<Result<_, _>>()?;
+    let window = keys
+        .iter()
+        .position(|(name, data_type)| is_window_key(name, data_type));
+    let watermark = options.watermark_column.as_deref();
+    let eviction = match (window, watermark) {
+        (Some(i), Some(column)) => {
+            let time = grouping.map(|g| unquoted_name(&g.time)).unwrap_or_default();
+            if time != column {
+                return Err(refused(
+                    &format!("a window over {time}"),
+                    &format!(
+                        "the watermark is on {column}, and a window is final when the watermark \
+                         of its own event time passes its end"
+                    ),
+                    &format!("window over {column}, or set source.event_time = \"{time}\""),
+                ));
+            }
+            Eviction::Window(i)
+        }
+        (None, Some(column)) => keys
+            .iter()
+            .position(|(name, data_type)| {
+                name == column && matches!(data_type, DataType::Timestamp(_, _))
+            })
+            .map_or(Eviction::Never, Eviction::Time),
+        (_, None) => Eviction::Never,
+    };
+    let session = match (grouping, window) {
+        (Some(g), Some(i)) if g.kind == WindowKind::Session => Some(i),
+        _ => None,
+    };
+    let mode = match options.output_mode {
+        Some(mode) => mode,
+        None if window.is_some() => OutputMode::Append,
+        None => OutputMode::Update,
+    };
+    match mode {
+        OutputMode::Append if watermark.is_none() => {
+            return Err(refused(
+                "output_mode = \"append\" for an aggregation without a watermark",
+                "append emits a group once it is final, and without a watermark no group ever is",
+                "set source.watermark_delay, or output_mode = \"update\"",
+            ));
+        }
+        OutputMode::Append if eviction == Eviction::Never => {
+            return Err(refused(
+                "output_mode = \"append\" for an aggregation without an event-time window",
+                "append emits a group once the watermark makes it final, and only a group of an \
+                 event-time window (or of the event time itself) ever is",
+                "group by window(<event time>, ...), or output_mode = \"update\"",
+            ));
+        }
+        OutputMode::Complete if window.is_some() => {
+            return Err(refused(
+                "output_mode = \"complete\" for a windowed aggregation",
+                "complete writes every group every batch and keeps them all, so a window's \
+                 state would never be freed and the output would grow with every window",
+                "use output_mode = \"append\" or \"update\"",
+            ));
+        }
+        _ => {}
+    }
+    Aggregation::new(parts, mode, eviction, session)
+}
+
+/// `source.ts`, `` `ts` `` as `ts`.
+fn unquoted_name(expr: &str) -> String {
+    let last = expr.rsplit('.').next().unwrap_or(expr);
+    last.trim_matches(|c| c == '`' || c == '"').to_owned()
 }
 
 /// Refuses anything but one SELECT (or WITH ... SELECT) before planning, as
@@ -235,12 +556,6 @@ fn refuse_what_streams_cannot_do(plan: &LogicalPlan) -> Result<(), SqlError> {
                 "a join",
                 "joining the stream with itself needs state across batches",
                 "compute each side's columns in one SELECT over the source table",
-            )),
-            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some(refused(
-                "aggregation (GROUP BY, DISTINCT or an aggregate function)",
-                "aggregating a stream needs state and event-time windows, which come with windowed \
-                 aggregation",
-                "project and filter rows here, and aggregate downstream for now",
             )),
             LogicalPlan::Window(_) => Some(refused(
                 "a window function (OVER)",
@@ -301,12 +616,6 @@ fn refused_expression(expr: &Expr) -> Option<SqlError> {
                 "use the record's own columns, such as timestamp, or compute it downstream",
             ))
         }
-        Expr::AggregateFunction(_) => Some(refused(
-            "an aggregate function",
-            "aggregating a stream needs state and event-time windows, which come with windowed \
-             aggregation",
-            "project and filter rows here, and aggregate downstream for now",
-        )),
         Expr::WindowFunction(_) => Some(refused(
             "a window function (OVER)",
             "it needs rows from across batches",
@@ -434,11 +743,17 @@ mod tests {
                 "SELECT order FROM orders OFFSET 3",
                 "LIMIT cannot run on a stream",
             ),
-            ("SELECT count(*) FROM orders", "aggregation"),
-            ("SELECT DISTINCT customer FROM orders", "aggregation"),
             (
-                "SELECT order FROM orders UNION SELECT order FROM orders",
-                "aggregation",
+                "SELECT count(*) FROM (SELECT customer, count(*) AS n FROM orders GROUP BY customer)",
+                "more than one aggregation cannot run on a stream",
+            ),
+            (
+                "SELECT customer, count(*) FROM orders GROUP BY ROLLUP(customer)",
+                "GROUPING SETS, ROLLUP or CUBE cannot run",
+            ),
+            (
+                "SELECT array_agg(order ORDER BY order) FROM orders",
+                "depends on the order rows arrive in",
             ),
         ] {
             let err = StreamQuery::plan(sql, "orders", input())

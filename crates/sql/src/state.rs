@@ -1,0 +1,101 @@
+//! State files as Arrow IPC streams: a table of the group keys and each
+//! aggregate's partial state, behind an `op` column that says whether a row
+//! writes its group or removes it. The schema travels with the file, so a file
+//! written by another query (other groups, other aggregates) is recognised.
+
+use std::io::Cursor;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::StreamWriter;
+
+use crate::SqlError;
+
+/// `table` as the bytes of a state file.
+pub(crate) fn encode(table: &RecordBatch) -> Result<Vec<u8>, SqlError> {
+    let mut bytes = Vec::new();
+    let mut writer = StreamWriter::try_new(&mut bytes, &table.schema())
+        .map_err(|e| SqlError::Internal(format!("encoding state: {e}")))?;
+    writer
+        .write(table)
+        .and_then(|()| writer.finish())
+        .map_err(|e| SqlError::Internal(format!("encoding state: {e}")))?;
+    drop(writer);
+    Ok(bytes)
+}
+
+/// A state file's table, which must have the columns of `schema`.
+pub(crate) fn decode(
+    bytes: &[u8],
+    schema: &SchemaRef,
+    location: &str,
+) -> Result<RecordBatch, SqlError> {
+    let damaged = |reason: String| SqlError::State {
+        location: location.to_owned(),
+        reason,
+    };
+    if bytes.is_empty() {
+        // The empty state, as `offsets set --reset-state` writes it.
+        return Ok(RecordBatch::new_empty(schema.clone()));
+    }
+    let reader = StreamReader::try_new(Cursor::new(bytes), None)
+        .map_err(|e| damaged(format!("not a state file Sluice wrote ({e})")))?;
+    let found = reader.schema();
+    let same = found.fields().len() == schema.fields().len()
+        && found
+            .fields()
+            .iter()
+            .zip(schema.fields())
+            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+    if !same {
+        let columns = |s: &SchemaRef| {
+            s.fields()
+                .iter()
+                .map(|f| format!("{} {}", f.name(), f.data_type()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(damaged(format!(
+            "it holds the state of another query ({}), and this query's state is ({}); a query \
+             whose groups or aggregates changed needs a new checkpoint, or `sluice offsets set \
+             --reset-state`",
+            columns(&found),
+            columns(schema)
+        )));
+    }
+    let mut batches = Vec::new();
+    for batch in reader {
+        batches.push(batch.map_err(|e| damaged(format!("cut short or damaged ({e})")))?);
+    }
+    arrow::compute::concat_batches(schema, &batches)
+        .map_err(|e| damaged(format!("cut short or damaged ({e})")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    #[test]
+    fn a_state_file_reads_back_and_damage_is_named() {
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, true)]));
+        let table =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1, 2]))])
+                .unwrap();
+        let bytes = encode(&table).unwrap();
+        assert_eq!(decode(&bytes, &schema, "f").unwrap(), table);
+        let cut = decode(&bytes[..bytes.len() / 2], &schema, "state/0/0/3.delta")
+            .unwrap_err()
+            .to_string();
+        assert!(cut.starts_with("state file state/0/0/3.delta: "), "{cut}");
+        let other = Arc::new(Schema::new(vec![Field::new("m", DataType::Utf8, true)]));
+        let wrong = decode(&bytes, &other, "f").unwrap_err().to_string();
+        assert!(wrong.contains("another query"), "{wrong}");
+        assert_eq!(decode(&[], &schema, "f").unwrap().num_rows(), 0);
+    }
+}
