@@ -8,4 +8,5 @@ mod kafka_source;
 mod runner;
 mod spark_checkpoint;
 mod sql;
+mod stateful;
 mod store_suite;

@@ -1002,7 +1002,13 @@ mod tests {
             .collect();
         assert_eq!(
             columns,
-            ["window_start", "window_end", "customer", "orders", "revenue"]
+            [
+                "window_start",
+                "window_end",
+                "customer",
+                "orders",
+                "revenue"
+            ]
         );
     }
 

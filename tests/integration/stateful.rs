@@ -1,0 +1,746 @@
+//! Stateful processing against the real broker and Cassandra: windowed counts
+//! and sums exactly once through SIGKILLs with either store, against an oracle
+//! that applies the same watermark rule to every produced record; the output
+//! modes, sliding and session windows, grouped aggregation without a window and
+//! DISTINCT; damaged state, `offsets set` on a stateful query, retention, and bad
+//! queries refused.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::Value;
+use sluice_offsets::{PartitionOffsets, offsets_from_json};
+use sluice_tests::kafka::{Out, create_topic, delete_topic, produce, producer};
+use sluice_tests::process::{Lcg, run, sluice, stderr};
+
+/// 2026-01-01T00:00:00Z, where event time starts.
+const BASE_MS: i64 = 1_767_225_600_000;
+const DELAY_MS: i64 = 2_000;
+const WINDOW_MS: i64 = 10_000;
+const SCHEMA: &str = "n BIGINT, customer STRING, amount BIGINT, ts TIMESTAMP";
+const WINDOWED: &str = "SELECT to_unixtime(window.start) AS start, to_unixtime(window.end) AS end, \
+                        customer, count(*) AS n, sum(amount) AS total FROM orders \
+                        GROUP BY window(ts, '10 seconds'), customer";
+
+/// Order `n`: 10 ms of event time after order `n - 1`, except that one in 17 is
+/// 40 s late, far beyond the watermark's 2 s delay.
+fn event_ms(n: u64) -> i64 {
+    let on_time = BASE_MS + n as i64 * 10;
+    if n % 17 == 16 {
+        on_time - 40_000
+    } else {
+        on_time
+    }
+}
+
+fn order(n: u64) -> String {
+    let ts = humantime::format_rfc3339_millis(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(event_ms(n) as u64),
+    );
+    format!(
+        r#"{{"n":{n},"customer":"c{}","amount":{},"ts":"{ts}"}}"#,
+        n % 5,
+        n % 100
+    )
+}
+
+/// A stateful query's folder and store.
+struct StatefulJob {
+    dir: tempfile::TempDir,
+    topic: String,
+    /// A `cassandra://` location, or the checkpoint folder when `None`.
+    cassandra: Option<String>,
+}
+
+impl StatefulJob {
+    fn new(topic: &str, cassandra: bool) -> StatefulJob {
+        StatefulJob {
+            dir: tempfile::tempdir().unwrap(),
+            topic: topic.to_owned(),
+            cassandra: cassandra.then(|| sluice_tests::cassandra_location("sluice_state_tests")),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn checkpoint(&self) -> String {
+        match &self.cassandra {
+            Some(location) => location.clone(),
+            None => self.path("checkpoint").display().to_string(),
+        }
+    }
+
+    /// A config with `source_extra` under `[source]` and `query` as
+    /// `[query]`'s lines.
+    fn config(&self, name: &str, source_extra: &str, trigger: &str, query: &str) -> PathBuf {
+        let replication = match &self.cassandra {
+            Some(_) => format!("replication = \"{}\"", sluice_tests::TEST_REPLICATION),
+            None => String::new(),
+        };
+        let text = format!(
+            r#"
+[source]
+bootstrap_servers = "{bootstrap}"
+subscribe = ["{topic}"]
+starting_offsets = "earliest"
+max_offsets_per_trigger = 300
+poll_timeout_ms = 20000
+table = "orders"
+format = "json"
+schema = "{SCHEMA}"
+{source_extra}
+
+[checkpoint]
+location = "{checkpoint}"
+min_batches_to_retain = 100000
+{replication}
+
+[trigger]
+{trigger}
+
+[progress]
+file = "{progress}"
+
+[sink]
+type = "jsonl"
+path = "{out}"
+
+[query]
+{query}
+"#,
+            bootstrap = sluice_tests::kafka_bootstrap(),
+            topic = self.topic,
+            checkpoint = self.checkpoint(),
+            progress = self.path("progress.jsonl").display(),
+            out = self.path("out").display(),
+        );
+        let path = self.path(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn progress(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.path("progress.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Every stored plan: its start and end offsets and its watermark, by batch.
+    async fn plans(&self) -> BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)> {
+        let mut plans = BTreeMap::new();
+        match &self.cassandra {
+            None => {
+                let dir = self.path("checkpoint").join("offsets");
+                for entry in std::fs::read_dir(&dir).unwrap() {
+                    let path = entry.unwrap().path();
+                    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                    let Ok(batch) = name.parse::<u64>() else {
+                        continue;
+                    };
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    let file = sluice_checkpoint_fs::format::parse_offsets(&text).unwrap();
+                    let start = file.start.expect("Sluice records each batch's start");
+                    plans.insert(batch, (start, file.end, file.metadata.watermark_ms));
+                }
+            }
+            Some(location) => {
+                let location = sluice_cassandra_store::CassandraLocation::parse(location).unwrap();
+                let session = scylla::client::session_builder::SessionBuilder::new()
+                    .known_nodes(&location.nodes)
+                    .build()
+                    .await
+                    .unwrap();
+                let rows = session
+                    .query_unpaged(
+                        format!(
+                            "SELECT batch_id, start_offsets, end_offsets, watermark_ms FROM \
+                             {}.sluice_log WHERE query = ? AND kind = 'plan'",
+                            location.keyspace
+                        ),
+                        (&location.query,),
+                    )
+                    .await
+                    .unwrap()
+                    .into_rows_result()
+                    .unwrap();
+                for row in rows.rows::<(i64, String, String, i64)>().unwrap() {
+                    let (batch, start, end, watermark) = row.unwrap();
+                    plans.insert(
+                        batch as u64,
+                        (
+                            offsets_from_json(&start).unwrap(),
+                            offsets_from_json(&end).unwrap(),
+                            watermark,
+                        ),
+                    );
+                }
+            }
+        }
+        plans
+    }
+}
+
+/// Every row of the `.jsonl` files in `dir`.
+fn lines(dir: &Path) -> Vec<Value> {
+    let mut all = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return all;
+    };
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "jsonl") {
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                all.push(serde_json::from_str(line).unwrap());
+            }
+        }
+    }
+    all
+}
+
+/// Keeps producing orders round-robin over `partitions` until told to stop;
+/// returns each partition's orders in offset order.
+fn keep_producing(
+    topic: String,
+    partitions: i32,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<BTreeMap<i32, Vec<u64>>> {
+    tokio::spawn(async move {
+        let p = producer();
+        let mut produced: BTreeMap<i32, Vec<u64>> = BTreeMap::new();
+        let mut n = 0_u64;
+        while !stop.load(Ordering::Relaxed) {
+            let mut batch = Vec::new();
+            for _ in 0..40 {
+                let partition = (n % partitions as u64) as i32;
+                batch.push(Out::new(partition, format!("k{n}"), order(n)));
+                produced.entry(partition).or_default().push(n);
+                n += 1;
+            }
+            // One batch at a time, acknowledged, so that offsets follow `n`.
+            produce(&p, &topic, &batch).await;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        produced
+    })
+}
+
+/// What the oracle expects: each window's row, and each batch's late orders.
+struct Expected {
+    rows: BTreeMap<(i64, String), (i64, i64)>,
+    late_per_batch: BTreeMap<u64, u64>,
+}
+
+/// Applies the watermark rule to the produced orders, batch by batch as the
+/// plans read them: batch N runs under the watermark W(N), W(0) = 0 and
+/// W(N+1) = max(W(N), latest event time of batch N - delay); an order older
+/// than its batch's watermark is late and dropped; a window is emitted when the
+/// last watermark has passed its end.
+fn oracle(
+    produced: &BTreeMap<i32, Vec<u64>>,
+    topic: &str,
+    plans: &BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)>,
+) -> Expected {
+    let mut watermark = 0_i64;
+    let mut groups: BTreeMap<(i64, String), (i64, i64)> = BTreeMap::new();
+    let mut late_per_batch = BTreeMap::new();
+    let mut read = 0_usize;
+    for (batch, (start, end, recorded)) in plans {
+        assert_eq!(
+            *recorded, watermark,
+            "batch {batch} ran under the watermark the rule gives"
+        );
+        let mut latest: Option<i64> = None;
+        let mut late = 0;
+        for (tp, until) in end {
+            let from = start.get(tp).map_or(0, |o| o.value());
+            let orders = &produced[&tp.partition];
+            for offset in from..until.value() {
+                let n = orders[offset as usize];
+                read += 1;
+                let ts = event_ms(n);
+                latest = Some(latest.map_or(ts, |l| l.max(ts)));
+                if ts < watermark {
+                    late += 1;
+                    continue;
+                }
+                let window = ts - ts.rem_euclid(WINDOW_MS);
+                let entry = groups.entry((window, format!("c{}", n % 5))).or_default();
+                entry.0 += 1;
+                entry.1 += (n % 100) as i64;
+            }
+        }
+        late_per_batch.insert(*batch, late);
+        if let Some(latest) = latest {
+            watermark = watermark.max(latest - DELAY_MS);
+        }
+    }
+    let total: usize = produced.values().map(Vec::len).sum();
+    assert_eq!(read, total, "the plans read every order of {topic} once");
+    let rows = groups
+        .into_iter()
+        .filter(|((start, _), _)| start + WINDOW_MS <= watermark)
+        .collect();
+    Expected {
+        rows,
+        late_per_batch,
+    }
+}
+
+/// The windowed query's output rows, keyed by window start (ms) and customer.
+fn windows(out: &[Value]) -> BTreeMap<(i64, String), (i64, i64)> {
+    let mut rows = BTreeMap::new();
+    for row in out {
+        let start = row["start"].as_i64().unwrap() * 1000;
+        assert_eq!(row["end"].as_i64().unwrap() * 1000, start + WINDOW_MS);
+        let key = (start, row["customer"].as_str().unwrap().to_owned());
+        let value = (row["n"].as_i64().unwrap(), row["total"].as_i64().unwrap());
+        assert!(
+            rows.insert(key.clone(), value).is_none(),
+            "window {key:?} emitted twice"
+        );
+    }
+    rows
+}
+
+async fn exactly_once_through_sigkills(cassandra: bool) {
+    let topic = sluice_tests::unique_name("stateful");
+    create_topic(&topic, 3).await;
+    let job = StatefulJob::new(&topic, cassandra);
+    let source = format!("event_time = \"ts\"\nwatermark_delay = \"{DELAY_MS}ms\"");
+    let query = format!("sql = \"{WINDOWED}\"\noutput_mode = \"append\"");
+    let streaming = job.config(
+        "streaming.toml",
+        &source,
+        "processing_time = \"0s\"",
+        &query,
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer_task = keep_producing(topic.clone(), 3, stop.clone());
+    let mut random = Lcg::from_clock("stateful crash test");
+    for kill in 0..20 {
+        let mut child = Command::new(sluice())
+            .args(["run", "--config", streaming.to_str().unwrap()])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let wait = 300 + random.next_below(900);
+        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "run {kill} exited early"
+        );
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let produced = producer_task.await.unwrap();
+
+    let catch_up = job.config("catch_up.toml", &source, "available_now = true", &query);
+    let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    let plans = job.plans().await;
+    let expected = oracle(&produced, &topic, &plans);
+    let got = windows(&lines(&job.path("out")));
+    let progress = job.progress();
+    let mut reported = 0;
+    let mut most_state = 0;
+    for p in &progress {
+        let batch = p["batchId"].as_u64().unwrap();
+        let operator = &p["stateOperators"][0];
+        assert_eq!(
+            operator["numRowsDroppedByWatermark"].as_u64().unwrap(),
+            expected.late_per_batch[&batch],
+            "late orders of batch {batch}"
+        );
+        reported += 1;
+        if batch >= 10 {
+            most_state = most_state.max(operator["numRowsTotal"].as_u64().unwrap());
+        }
+    }
+    let late: u64 = expected.late_per_batch.values().sum();
+    println!(
+        "{} orders, {} windows emitted, {late} late, {} batches ({reported} reported), at most \
+         {most_state} groups held",
+        produced.values().map(Vec::len).sum::<usize>(),
+        got.len(),
+        plans.len()
+    );
+    assert!(late > 0, "some orders were late");
+    assert!(expected.rows.len() > 20, "several windows closed");
+    assert_eq!(got.len(), expected.rows.len(), "no window lost or added");
+    assert_eq!(got, expected.rows, "every window's count and sum");
+    // Open windows only: the watermark trails the latest order by 2 s, and a
+    // batch reads at most 300 orders (3 s), so at most a few 10 s windows of 5
+    // customers each are open at any time.
+    assert!(most_state <= 20, "state stays bounded: {most_state} groups");
+    assert!(
+        reported * 10 >= plans.len() * 9,
+        "progress for most batches: {reported} of {}",
+        plans.len()
+    );
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_filesystem_checkpoint()
+{
+    exactly_once_through_sigkills(false).await;
+}
+
+#[tokio::test]
+async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_cassandra_store() {
+    exactly_once_through_sigkills(true).await;
+}
+
+/// Twenty orders over two partitions, their event times 1 s apart.
+async fn small_topic() -> String {
+    let topic = sluice_tests::unique_name("statemodes");
+    create_topic(&topic, 2).await;
+    let records: Vec<Out> = (0..20)
+        .map(|n| {
+            let ts = humantime::format_rfc3339(
+                std::time::UNIX_EPOCH
+                    + std::time::Duration::from_millis((BASE_MS + n * 1000) as u64),
+            );
+            Out::new(
+                (n % 2) as i32,
+                format!("k{n}"),
+                format!(
+                    r#"{{"n":{n},"customer":"c{}","amount":{},"ts":"{ts}"}}"#,
+                    n % 3,
+                    n * 10
+                ),
+            )
+        })
+        .collect();
+    produce(&producer(), &topic, &records).await;
+    topic
+}
+
+/// Runs `sql` in `mode` to the end of the topic, 5 orders per batch; the rows
+/// written, as JSON text, sorted, and the progress.
+fn run_mode(topic: &str, sql: &str, mode: &str, watermark: bool) -> (Vec<String>, Vec<Value>) {
+    let job = StatefulJob::new(topic, false);
+    // 3 s: the two partitions may be read a few orders apart, and none is late.
+    let source = if watermark {
+        "event_time = \"ts\"\nwatermark_delay = \"3s\""
+    } else {
+        ""
+    };
+    let config = job.config(
+        "q.toml",
+        source,
+        "available_now = true",
+        &format!("sql = \"{sql}\"\noutput_mode = \"{mode}\""),
+    );
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "max_offsets_per_trigger = 300",
+        "max_offsets_per_trigger = 5",
+    );
+    std::fs::write(&config, text).unwrap();
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{sql}: {}", stderr(&output));
+    let mut rows: Vec<String> = lines(&job.path("out"))
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    rows.sort();
+    (rows, job.progress())
+}
+
+#[tokio::test]
+async fn output_modes_sliding_and_session_windows_and_grouping_without_a_window() {
+    let topic = small_topic().await;
+    // Update mode without a window: every batch writes the customers it changed,
+    // with their running totals. Batches of 5 orders, round-robin over customers.
+    let (rows, progress) = run_mode(
+        &topic,
+        "SELECT customer, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer",
+        "update",
+        false,
+    );
+    assert_eq!(progress.len(), 4, "four batches of five");
+    let finals: BTreeMap<String, (i64, i64)> = rows
+        .iter()
+        .map(|r| serde_json::from_str::<Value>(r).unwrap())
+        .fold(BTreeMap::new(), |mut m, v| {
+            let key = v["customer"].as_str().unwrap().to_owned();
+            let value = (v["n"].as_i64().unwrap(), v["total"].as_i64().unwrap());
+            let e = m.entry(key).or_insert(value);
+            *e = (*e).max(value);
+            m
+        });
+    // c0: n = 0, 3, ..., 18 (7 orders); c1: 1, 4, ..., 19 (7); c2: 2, ..., 17 (6).
+    assert_eq!(finals["c0"], (7, 630));
+    assert_eq!(finals["c1"], (7, 700));
+    assert_eq!(finals["c2"], (6, 570));
+    // Each batch writes exactly the customers of its own orders: order n is at
+    // offset n / 2 of partition n % 2.
+    for p in &progress {
+        let range = |key: &str, partition: &str| {
+            p["sources"][0][key][topic.as_str()][partition]
+                .as_u64()
+                .unwrap_or(0)
+        };
+        let mut customers = std::collections::BTreeSet::new();
+        for partition in [0_u64, 1] {
+            let (from, until) = (
+                range("startOffset", &partition.to_string()),
+                range("endOffset", &partition.to_string()),
+            );
+            customers.extend((from..until).map(|o| (o * 2 + partition) % 3));
+        }
+        assert_eq!(p["sink"]["numOutputRows"], customers.len(), "{p}");
+    }
+
+    // Complete: the whole result every batch; the last batch's rows are the totals.
+    let (rows, progress) = run_mode(
+        &topic,
+        "SELECT customer, count(*) AS n FROM orders GROUP BY customer HAVING count(*) > 1",
+        "complete",
+        false,
+    );
+    assert_eq!(progress.last().unwrap()["sink"]["numOutputRows"], 3);
+    assert!(
+        rows.contains(&r#"{"customer":"c2","n":6}"#.to_owned()),
+        "{rows:?}"
+    );
+
+    // Sliding windows of 10 s every 5 s, in append mode with a watermark of no
+    // delay: each order counts in two windows; the last two windows stay open.
+    let (rows, _) = run_mode(
+        &topic,
+        "SELECT to_unixtime(window.start) - 1767225600 AS s, count(*) AS n FROM orders \
+         GROUP BY window(ts, '10 seconds', '5 seconds')",
+        "append",
+        true,
+    );
+    assert_eq!(
+        rows,
+        [
+            r#"{"n":10,"s":0}"#,
+            r#"{"n":10,"s":5}"#,
+            r#"{"n":5,"s":-5}"#
+        ]
+    );
+
+    // Sessions with a gap of 4 s: a customer's orders are 3 s apart, so they
+    // make one session, still open at the end.
+    let (rows, _) = run_mode(
+        &topic,
+        "SELECT customer, count(*) AS n FROM orders \
+         GROUP BY session_window(ts, '4 seconds'), customer",
+        "update",
+        true,
+    );
+    let last: BTreeMap<String, i64> = rows
+        .iter()
+        .map(|r| serde_json::from_str::<Value>(r).unwrap())
+        .fold(BTreeMap::new(), |mut m, v| {
+            let e = m
+                .entry(v["customer"].as_str().unwrap().to_owned())
+                .or_insert(0);
+            *e = (*e).max(v["n"].as_i64().unwrap());
+            m
+        });
+    assert_eq!(last["c0"], 7, "one session of all of c0's orders: {rows:?}");
+
+    // DISTINCT within the watermark: each (customer, 10 s bucket) once.
+    let (rows, _) = run_mode(
+        &topic,
+        "SELECT DISTINCT customer, date_bin(INTERVAL '10' SECOND, ts) AS bucket FROM orders",
+        "update",
+        false,
+    );
+    assert_eq!(rows.len(), 6, "three customers in two buckets: {rows:?}");
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn damaged_state_is_named_set_needs_reset_state_and_retention_keeps_what_recovery_needs() {
+    let topic = small_topic().await;
+    let job = StatefulJob::new(&topic, false);
+    let config = job.config(
+        "q.toml",
+        "event_time = \"ts\"\nwatermark_delay = \"3s\"",
+        "available_now = true",
+        &format!("sql = \"{WINDOWED}\""),
+    );
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(
+            "max_offsets_per_trigger = 300",
+            "max_offsets_per_trigger = 1",
+        )
+        .replace(
+            "min_batches_to_retain = 100000",
+            "min_batches_to_retain = 3",
+        );
+    std::fs::write(&config, text).unwrap();
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let state = job.path("checkpoint").join("state").join("0").join("0");
+    let mut files: Vec<String> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort_by_key(|f| {
+        (
+            f.split('.').next().unwrap().parse::<u64>().unwrap(),
+            f.clone(),
+        )
+    });
+    // 20 batches and one without data (20): batches 18..=20 are kept, so version
+    // 17 must rebuild: snapshot 9 is the newest at or before it, with deltas 10...
+    let mut expected: Vec<String> = (10..=20).map(|v| format!("{v}.delta")).collect();
+    expected.push("9.snapshot".to_owned());
+    expected.push("19.snapshot".to_owned());
+    expected.sort_by_key(|f| {
+        (
+            f.split('.').next().unwrap().parse::<u64>().unwrap(),
+            f.clone(),
+        )
+    });
+    assert_eq!(files, expected);
+
+    // `offsets show` names the version a restart starts from.
+    let shown = run(&["offsets", "show", "--checkpoint", &job.checkpoint()]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let report: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(report["state"][0]["version"], 20, "{report}");
+    assert_eq!(
+        report["state"][0]["filesToRebuild"], 2,
+        "snapshot 19 and delta 20"
+    );
+    assert!(report["state"][0]["bytesToRebuild"].as_u64().unwrap() > 0);
+
+    // A damaged delta stops the next run with exit 4 and its path.
+    std::fs::write(state.join("20.delta"), b"not a state file").unwrap();
+    produce(&producer(), &topic, &[Out::new(0, "k", order(1))]).await;
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(4), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains(&state.join("20.delta").display().to_string()),
+        "{err}"
+    );
+
+    // `offsets set` is refused without --reset-state, and resets with it.
+    let target = format!(r#"{{"{topic}":{{"0":0,"1":0}}}}"#);
+    let refused = run(&[
+        "offsets",
+        "set",
+        "--checkpoint",
+        &job.checkpoint(),
+        "--offsets",
+        &target,
+    ]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("--reset-state"),
+        "{}",
+        stderr(&refused)
+    );
+    let reset = run(&[
+        "offsets",
+        "set",
+        "--checkpoint",
+        &job.checkpoint(),
+        "--offsets",
+        &target,
+        "--reset-state",
+    ]);
+    assert!(reset.status.success(), "{}", stderr(&reset));
+    std::fs::remove_dir_all(job.path("out")).unwrap();
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    // From empty state again: the window [0 s, 10 s) closes under the last
+    // watermark (19 s - 3 s) with its ten orders; the order added at 1 s comes
+    // last on its partition, long after the watermark passed it.
+    let got = windows(&lines(&job.path("out")));
+    assert!(got.keys().all(|(start, _)| *start == BASE_MS), "{got:?}");
+    let orders: i64 = got.values().map(|(n, _)| n).sum();
+    assert_eq!(orders, 10, "{got:?}");
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn bad_stateful_queries_exit_2_with_one_clear_line() {
+    let job = StatefulJob::new("unused", false);
+    let watermark = "event_time = \"ts\"\nwatermark_delay = \"5s\"";
+    let cases: [(&str, &str, &str); 10] = [
+        (
+            "",
+            "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(ts, '1 minute')\"",
+            "without a watermark",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(ts, '1 fortnight')\"",
+            "unknown unit \\\"fortnight\\\"",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT array_agg(n ORDER BY n) AS a FROM orders GROUP BY window(ts, '1 minute')\"",
+            "depends on the order rows arrive in",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT customer, count(*) AS n FROM orders GROUP BY customer\"\noutput_mode = \"append\"",
+            "without an event-time window",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(ts, '1 minute')\"\noutput_mode = \"complete\"",
+            "complete\\\" for a windowed aggregation",
+        ),
+        (
+            "",
+            "sql = \"SELECT n FROM orders\"\noutput_mode = \"complete\"",
+            "without an aggregation",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(ts, '1 minute', '2 minutes')\"",
+            "slide duration must not be longer",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(n, '1 minute')\"",
+            "must be a TIMESTAMP",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT count(*) AS c FROM (SELECT customer, count(*) AS n FROM orders GROUP BY customer)\"",
+            "more than one aggregation",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT count(*) AS n FROM orders\"\noutput_mode = \"sometimes\"",
+            "output_mode must be",
+        ),
+    ];
+    for (source, query, expected) in cases {
+        let config = job.config("bad.toml", source, "available_now = true", query);
+        let output = run(&["validate", "--config", config.to_str().unwrap()]);
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{query}: {err}");
+        let expected = expected.replace("\\\"", "\"");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.starts_with("sluice: "), "one line at the end: {err}");
+        assert!(last.contains(&expected), "{query}: {err}");
+        assert!(
+            !job.path("checkpoint").exists(),
+            "{query} touched the checkpoint"
+        );
+    }
+}
