@@ -81,6 +81,12 @@ const ORDER_SCHEMA: &str = "order BIGINT, customer STRING, amount DOUBLE, note S
 const ORDER_QUERY: &str = "SELECT order, upper(customer) AS customer, amount * 2 AS doubled, \
                            partition, offset FROM source WHERE amount > 500";
 
+/// A count and a sum per key in 10-second tumbling windows of Kafka's
+/// timestamp, over 10,000 keys, in append mode: state across batches.
+const WINDOWED_QUERY: &str = "SELECT window.start AS start, order % 10000 AS key, count(*) AS n, \
+                              sum(amount) AS total FROM source \
+                              GROUP BY window(timestamp, '10 seconds'), order % 10000";
+
 fn configurations() -> Vec<Configuration> {
     let mut all = Vec::new();
     for (store, jsonl, label) in [
@@ -101,31 +107,42 @@ fn configurations() -> Vec<Configuration> {
     }
     // SQL over the JSON values: Arrow and DataFusion with nothing decoded, then
     // decoding, filtering and projecting into each sink.
-    for (name, jsonl, source, query) in [
+    for (name, jsonl, source, query, max_offsets) in [
         (
             "sql, SELECT * over raw, discard",
             false,
             "",
             "SELECT * FROM source",
+            None,
         ),
         (
             "sql, json + filter + projection, discard",
             false,
             "json",
             ORDER_QUERY,
+            None,
         ),
         (
             "sql, json + filter + projection, jsonl",
             true,
             "json",
             ORDER_QUERY,
+            None,
+        ),
+        (
+            "sql, json + windowed count and sum over 10k keys, discard",
+            false,
+            "json+watermark",
+            WINDOWED_QUERY,
+            // Many batches, so that state moves from batch to batch.
+            Some(100_000),
         ),
     ] {
         all.push(Configuration {
             name: name.to_owned(),
             store: Store::Directory,
             jsonl,
-            max_offsets: None,
+            max_offsets,
             sql: Some((source, query)),
         });
     }
@@ -153,6 +170,11 @@ struct Run {
     batch_ratio: f64,
     wal_commit_ms: Vec<f64>,
     commit_offsets_ms: Vec<f64>,
+    /// Making each batch's state durable, for a stateful query.
+    state_commit_ms: Vec<f64>,
+    /// The most groups the state held after a batch, and their size in memory.
+    state_rows: u64,
+    state_bytes: u64,
     peak_rss_kib: u64,
     peak_anon_kib: u64,
     restart_ms: f64,
@@ -271,7 +293,10 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
     let results_path = work.join("results.json");
     fs::write(&results_path, serde_json::to_string_pretty(&report)?)?;
     println!("wrote {}", results_path.display());
-    let chart = root.join("docs").join("benchmarks-throughput.svg");
+    let chart = match &args.only {
+        None => root.join("docs").join("benchmarks-throughput.svg"),
+        Some(_) => work.join("throughput.svg"),
+    };
     let status = Command::new(&tool)
         .args(["chart"])
         .arg(&results_path)
@@ -280,7 +305,13 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
     if !status.success() {
         bail!("drawing the chart failed");
     }
-    write_markdown(&root.join("docs").join("benchmarks.md"), &report)?;
+    // A run of some configurations only has a section of its own, so that the
+    // full table stays as the last full run left it.
+    let section = match &args.only {
+        None => "bench".to_owned(),
+        Some(only) => format!("bench-{}", slug(only)),
+    };
+    write_markdown(&root.join("docs").join("benchmarks.md"), &report, &section)?;
     Ok(())
 }
 
@@ -311,6 +342,10 @@ fn run_once(
         None => (String::new(), String::new()),
         Some(("json", sql)) => (
             format!("format = \"json\"\nschema = \"{ORDER_SCHEMA}\"\n"),
+            format!("[query]\nsql = \"{sql}\"\n"),
+        ),
+        Some(("json+watermark", sql)) => (
+            format!("format = \"json\"\nschema = \"{ORDER_SCHEMA}\"\nwatermark_delay = \"5s\"\n"),
             format!("[query]\nsql = \"{sql}\"\n"),
         ),
         Some((_, sql)) => (String::new(), format!("[query]\nsql = \"{sql}\"\n")),
@@ -361,6 +396,19 @@ fn run_once(
             .collect()
     };
     let batch_seconds: f64 = durations("triggerExecution").iter().sum::<f64>() / 1000.0;
+    let state = |field: &str| -> Vec<f64> {
+        lines
+            .iter()
+            .filter_map(|p| p["stateOperators"][0][field].as_f64())
+            .collect()
+    };
+    let state_commit_ms: Vec<f64> = lines
+        .iter()
+        .filter_map(|p| p["stateOperators"][0]["customMetrics"]["commitTimeMicros"].as_f64())
+        .map(|us| us / 1000.0)
+        .collect();
+    let state_rows = state("numRowsTotal").into_iter().fold(0.0, f64::max) as u64;
+    let state_bytes = state("memoryUsedBytes").into_iter().fold(0.0, f64::max) as u64;
 
     // Restart: move the query back by one partition's worth of a small batch, then
     // time a fresh process until its first batch is committed.
@@ -376,6 +424,8 @@ fn run_once(
             "set",
             "--checkpoint",
             &location_of(&checkpoint),
+            // A stateful query's state starts empty at the moved offsets.
+            "--reset-state",
             "--offsets",
         ])
         .arg(format!("{{\"{topic}\":{{\"0\":{back}}}}}"))
@@ -424,6 +474,9 @@ fn run_once(
         batch_ratio: f64::NAN,
         wal_commit_ms: durations("walCommit"),
         commit_offsets_ms: durations("commitOffsets"),
+        state_commit_ms,
+        state_rows,
+        state_bytes,
         peak_rss_kib,
         peak_anon_kib,
         restart_ms,
@@ -551,11 +604,28 @@ fn summarise(configuration: &Configuration, runs: Vec<Run>) -> Value {
         "peak_rss_mib": stats(runs.iter().map(|r| r.peak_rss_kib as f64 / 1024.0).collect()),
         "peak_anon_mib": stats(runs.iter().map(|r| r.peak_anon_kib as f64 / 1024.0).collect()),
         "restart_ms": stats(runs.iter().map(|r| r.restart_ms).collect()),
+        "state": state_summary(&runs),
         "runs": runs.len(),
     })
 }
 
-fn write_markdown(path: &Path, report: &Value) -> Result<()> {
+/// A stateful configuration's state: commit time and size; `null` for others.
+fn state_summary(runs: &[Run]) -> Value {
+    let commits: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.state_commit_ms.clone())
+        .collect();
+    if commits.is_empty() {
+        return Value::Null;
+    }
+    json!({
+        "commit_ms": {"p50": percentile(commits.clone(), 0.5), "p99": percentile(commits, 0.99)},
+        "rows": runs.iter().map(|r| r.state_rows).max(),
+        "memory_mib": runs.iter().map(|r| r.state_bytes).max().map(|b| b as f64 / 1_048_576.0),
+    })
+}
+
+fn write_markdown(path: &Path, report: &Value, section: &str) -> Result<()> {
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     let base = &report["baseline"];
     let mut table = format!(
@@ -600,8 +670,36 @@ fn write_markdown(path: &Path, report: &Value) -> Result<()> {
             f(&c["restart_ms"]["median"]),
         ));
     }
-    table.push_str("\n![throughput per configuration](benchmarks-throughput.svg)\n");
-    replace_section(path, "bench", &table)
+    let stateful: Vec<&Value> = report["configurations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| !c["state"].is_null())
+        .collect();
+    if !stateful.is_empty() {
+        table.push_str(
+            "\nState of the stateful configurations: the time to make each batch's state \
+             durable (written and fsynced before its commit), and the most groups held after a \
+             batch, with their size in memory, beside the peak RSS.\n\n\
+             | configuration | state commit p50/p99 ms | groups held, most | state in memory MiB | peak RSS MiB |\n\
+             | --- | --- | --- | --- | --- |\n",
+        );
+        for c in stateful {
+            table.push_str(&format!(
+                "| {} | {:.2} / {:.2} | {} | {:.1} | {:.0} |\n",
+                c["name"].as_str().unwrap_or_default(),
+                f(&c["state"]["commit_ms"]["p50"]),
+                f(&c["state"]["commit_ms"]["p99"]),
+                c["state"]["rows"],
+                f(&c["state"]["memory_mib"]),
+                f(&c["peak_rss_mib"]["median"]),
+            ));
+        }
+    }
+    if section == "bench" {
+        table.push_str("\n![throughput per configuration](benchmarks-throughput.svg)\n");
+    }
+    replace_section(path, section, &table)
 }
 
 /// Replaces what lies between `<!-- NAME:start -->` and `<!-- NAME:end -->` in

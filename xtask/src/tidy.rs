@@ -101,6 +101,7 @@ fn executor_knows_only_the_traits() {
         "sluice-checkpoint-fs",
         "sluice-cassandra-store",
         "sluice-sql",
+        "sluice-state",
         "sluice-runner",
         "rdkafka",
         "scylla",
@@ -131,11 +132,38 @@ fn implementations_depend_only_on_the_model_among_our_crates() {
 }
 
 #[test]
+fn state_computes_does_no_io_and_depends_on_none_of_our_crates() {
+    for dep in dependencies(&manifest_of("sluice-state")) {
+        assert!(
+            !dep.starts_with("sluice-"),
+            "sluice-state keeps DataFusion's states and knows nothing of the stream, so it must \
+             not depend on {dep}"
+        );
+        assert!(
+            !["tokio", "rdkafka", "scylla", "object_store", "futures"].contains(&dep.as_str()),
+            "sluice-state computes and does no I/O, so it must not depend on {dep}"
+        );
+    }
+    for file in rust_files(&root().join("crates/state/src")) {
+        let text = fs::read_to_string(&file).expect("readable source");
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for needle in ["std::fs", "std::net", "std::process", "tokio::"] {
+            assert!(
+                !code.contains(needle),
+                "{} uses {needle}, but sluice-state does no I/O",
+                file.display()
+            );
+        }
+    }
+}
+
+#[test]
 fn the_sql_engine_computes_and_does_no_io() {
     for dep in dependencies(&manifest_of("sluice-sql")) {
         assert!(
-            !dep.starts_with("sluice-") || dep == "sluice-offsets",
-            "sluice-sql may depend on sluice-offsets only among our crates, not on {dep}"
+            !dep.starts_with("sluice-") || dep == "sluice-offsets" || dep == "sluice-state",
+            "sluice-sql may depend on sluice-offsets and sluice-state only among our crates, not \
+             on {dep}"
         );
         assert!(
             !["tokio", "rdkafka", "scylla", "object_store"].contains(&dep.as_str()),

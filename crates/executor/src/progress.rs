@@ -63,11 +63,12 @@ pub struct StateOperatorProgress {
     pub num_rows_dropped_by_watermark: u64,
     /// The state's size in memory.
     pub memory_used_bytes: u64,
-    /// Milliseconds spent making the batch's state durable.
+    /// Milliseconds spent writing the batch's state files durably.
     pub commit_time_ms: u64,
     /// Spark's state partitions; one here.
     pub num_state_store_instances: u64,
-    /// The bytes of state the batch wrote to the store.
+    /// Sluice's own figures: `stateFileBytes` written, `commitTimeMicros` and
+    /// `encodeTimeMicros` (encoding the files, before they are written).
     pub custom_metrics: BTreeMap<String, u64>,
 }
 

@@ -172,6 +172,9 @@ struct Streamed {
 /// What writing a batch's state took.
 #[derive(Default)]
 struct StateWritten {
+    /// Encoding its files.
+    encode_micros: u64,
+    /// Writing them durably.
     micros: u64,
     bytes: u64,
 }
@@ -581,6 +584,7 @@ where
                     custom_metrics: BTreeMap::from([
                         ("stateFileBytes".to_owned(), state.bytes),
                         ("commitTimeMicros".to_owned(), state.micros),
+                        ("encodeTimeMicros".to_owned(), state.encode_micros),
                     ]),
                 })
                 .collect();
@@ -678,6 +682,8 @@ where
             .processor
             .state_files(batch)
             .map_err(ExecutorError::Process)?;
+        let encode_micros = micros(t.elapsed());
+        let t = Instant::now();
         let retry = self.options.retry;
         let mut bytes = 0;
         for file in &files {
@@ -691,6 +697,7 @@ where
             bytes += file.bytes.len() as u64;
         }
         Ok(StateWritten {
+            encode_micros,
             micros: micros(t.elapsed()),
             bytes,
         })

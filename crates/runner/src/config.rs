@@ -55,6 +55,8 @@ pub struct QuerySection {
     pub sql: String,
     /// When an aggregation emits a group: "append", "update" or "complete".
     pub output_mode: Option<String>,
+    /// The most groups an aggregation may hold.
+    pub max_state_rows: Option<u64>,
 }
 
 /// `[dead_letter]`: a directory of JSON-lines files, or a Kafka topic.
@@ -304,6 +306,8 @@ pub struct Processing {
     pub watermark: Option<(String, i64)>,
     /// `[query] output_mode`, when set.
     pub output_mode: Option<sluice_sql::OutputMode>,
+    /// `[query] max_state_rows`, when set.
+    pub max_state_rows: Option<u64>,
 }
 
 impl Processing {
@@ -312,6 +316,7 @@ impl Processing {
         sluice_sql::QueryOptions {
             output_mode: self.output_mode,
             watermark_column: self.watermark.as_ref().map(|(column, _)| column.clone()),
+            max_state_rows: self.max_state_rows,
         }
     }
 }
@@ -626,10 +631,13 @@ fn settings(config: Config) -> Result<Settings> {
     if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         bail!("source.table {table:?} must be a plain name: letters, digits and underscores");
     }
-    let (sql, output_mode) = match config.query {
-        Some(query) => (Some(query.sql), query.output_mode),
-        None => (None, None),
+    let (sql, output_mode, max_state_rows) = match config.query {
+        Some(query) => (Some(query.sql), query.output_mode, query.max_state_rows),
+        None => (None, None, None),
     };
+    if max_state_rows == Some(0) {
+        bail!("query.max_state_rows must be at least 1");
+    }
     let output_mode = match output_mode.as_deref() {
         None => None,
         Some("append") => Some(sluice_sql::OutputMode::Append),
@@ -692,6 +700,7 @@ fn settings(config: Config) -> Result<Settings> {
         on_bad_record,
         watermark,
         output_mode,
+        max_state_rows,
     };
 
     let sink = match config.sink.kind.as_str() {

@@ -130,7 +130,9 @@ impl Classify for CassandraStoreError {
 impl Classify for SqlError {
     fn exit(self) -> Exit {
         match self {
-            e @ SqlError::Execution(_) | e @ SqlError::Internal(_) => Exit::runtime(e.into()),
+            e @ (SqlError::Execution(_) | SqlError::Internal(_) | SqlError::StateTooLarge(_)) => {
+                Exit::runtime(e.into())
+            }
             e @ SqlError::State { .. } => Exit::checkpoint_state(e.into()),
             e => Exit::config(e.into()),
         }

@@ -55,7 +55,23 @@ pub enum SqlError {
         /// What is wrong with it.
         reason: String,
     },
+    /// An aggregation's state grew past `[query] max_state_rows`.
+    #[error("{0}")]
+    StateTooLarge(sluice_state::StateError),
     /// A fault of Sluice, not of the input.
     #[error("internal error in the SQL layer: {0}")]
     Internal(String),
+}
+
+impl From<sluice_state::StateError> for SqlError {
+    fn from(error: sluice_state::StateError) -> SqlError {
+        use sluice_state::StateError;
+        match error {
+            // A row the aggregation cannot compute is like one the query cannot.
+            StateError::Execution(reason) => SqlError::Execution(reason),
+            StateError::Damaged { location, reason } => SqlError::State { location, reason },
+            e @ StateError::TooLarge { .. } => SqlError::StateTooLarge(e),
+            StateError::Internal(reason) => SqlError::Internal(reason),
+        }
+    }
 }

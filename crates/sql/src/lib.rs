@@ -11,22 +11,20 @@
 //! [`RecordChunk`]: sluice_offsets::RecordChunk
 //! [`Processor`]: sluice_offsets::Processor
 
-mod aggregate;
 pub mod columns;
 mod ddl;
 pub mod decode;
 mod error;
 mod processor;
 mod query;
-mod state;
 pub mod window;
 
-pub use aggregate::{OutputMode, StateStats};
 pub use ddl::parse_ddl;
 pub use decode::{AvroFormat, AvroWire, BadRecord, Decoded, Decoder, Format};
 pub use error::SqlError;
 pub use processor::SqlProcessor;
-pub use query::{QueryOptions, StreamQuery};
+pub use query::{DEFAULT_MAX_STATE_ROWS, QueryOptions, StreamQuery};
+pub use sluice_state::{OutputMode, StateStats};
 
 /// Arrow, as this crate uses it, for the crates that take its rows.
 pub use arrow;

@@ -23,8 +23,10 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
 use crate::SqlError;
-use crate::aggregate::{AggregateParts, Aggregation, Eviction, OutputMode, is_window_key};
-use crate::window::{WindowGrouping, WindowKind, rewrite_window_grouping, window_functions};
+use crate::window::{
+    WindowGrouping, WindowKind, is_window_key, rewrite_window_grouping, window_functions,
+};
+use sluice_state::{AggregateParts, Aggregation, Eviction, OutputMode};
 
 /// A query over the source table, ready to run chunk after chunk. A query that
 /// aggregates runs in two parts: the plan below its aggregate on every chunk,
@@ -52,7 +54,13 @@ pub struct QueryOptions {
     pub output_mode: Option<OutputMode>,
     /// The event-time column, when the query has a watermark.
     pub watermark_column: Option<String>,
+    /// The most groups an aggregation may hold; `None` for
+    /// [`DEFAULT_MAX_STATE_ROWS`].
+    pub max_state_rows: Option<u64>,
 }
+
+/// How many groups an aggregation holds at most unless told otherwise.
+pub const DEFAULT_MAX_STATE_ROWS: u64 = 10_000_000;
 
 impl std::fmt::Debug for StreamQuery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -127,6 +135,10 @@ impl StreamQuery {
         for function in window_functions() {
             ctx.register_udf(function);
         }
+        // That rule turns count(DISTINCT x) into two aggregations, the inner one
+        // grouping by x; kept whole, its accumulator's state (the distinct values)
+        // is what merges across batches.
+        ctx.remove_optimizer_rule("single_distinct_aggregation_to_group_by");
         let slot = Arc::new(Slot::default());
         let partition = Arc::new(SlotPartition {
             schema: input.clone(),
@@ -350,7 +362,16 @@ fn split_at_aggregate(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Split>, Sq
         ));
     }
     for aggregate in partial.aggr_expr() {
-        if !aggregate.order_bys().is_empty() || !aggregate.order_sensitivity().is_insensitive() {
+        // These give the first, last or all values in arrival order; across the
+        // partitions of a batch that order differs between a run and its replay.
+        let by_arrival = matches!(
+            aggregate.fun().name(),
+            "first_value" | "last_value" | "nth_value" | "array_agg" | "string_agg"
+        );
+        if by_arrival
+            || !aggregate.order_bys().is_empty()
+            || !aggregate.order_sensitivity().is_insensitive()
+        {
             return Err(refused(
                 &format!("the aggregate {}", aggregate.name()),
                 "its result depends on the order rows arrive in, and the rows of a stream arrive \
@@ -492,7 +513,13 @@ fn aggregation(
         }
         _ => {}
     }
-    Aggregation::new(parts, mode, eviction, session)
+    Ok(Aggregation::new(
+        parts,
+        mode,
+        eviction,
+        session,
+        options.max_state_rows.unwrap_or(DEFAULT_MAX_STATE_ROWS),
+    )?)
 }
 
 /// `source.ts`, `` `ts` `` as `ts`.

@@ -11,9 +11,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, Int64Array, ListArray, StructArray, TimestampMillisecondArray,
-};
+use arrow::array::{Array, ArrayRef, AsArray, ListArray, StructArray, TimestampMillisecondArray};
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, FieldRef, Fields, TimeUnit, TimestampMillisecondType};
 use datafusion::common::{DataFusionError, Result, ScalarValue, plan_err};
@@ -316,30 +314,11 @@ fn window_array(
     Ok(Arc::new(array))
 }
 
-/// A window struct column's `end` bounds, in epoch milliseconds.
-pub fn window_ends_ms(window: &dyn Array) -> Result<Int64Array> {
-    let window = window.as_struct_opt().ok_or_else(|| {
-        DataFusionError::Internal(format!("a window column is {}", window.data_type()))
-    })?;
-    let ends = arrow::compute::cast(
-        window.column(1),
-        &DataType::Timestamp(TimeUnit::Millisecond, None),
-    )?;
-    let ends = arrow::compute::cast(&ends, &DataType::Int64)?;
-    Ok(ends.as_primitive::<arrow::datatypes::Int64Type>().clone())
-}
-
-/// A window struct column's `start` bounds, in epoch milliseconds.
-pub fn window_starts_ms(window: &dyn Array) -> Result<Int64Array> {
-    let window = window.as_struct_opt().ok_or_else(|| {
-        DataFusionError::Internal(format!("a window column is {}", window.data_type()))
-    })?;
-    let starts = arrow::compute::cast(
-        window.column(0),
-        &DataType::Timestamp(TimeUnit::Millisecond, None),
-    )?;
-    let starts = arrow::compute::cast(&starts, &DataType::Int64)?;
-    Ok(starts.as_primitive::<arrow::datatypes::Int64Type>().clone())
+/// Whether `name` is the window column a rewritten query groups by.
+pub(crate) fn is_window_key(name: &str, data_type: &DataType) -> bool {
+    name == WINDOW_COLUMN
+        && matches!(data_type, DataType::Struct(fields)
+            if fields.len() == 2 && fields[0].name() == "start" && fields[1].name() == "end")
 }
 
 /// A query whose GROUP BY names a window function, rewritten so that the

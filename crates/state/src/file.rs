@@ -7,31 +7,33 @@ use std::io::Cursor;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
+use arrow::ipc::CompressionType;
 use arrow::ipc::reader::StreamReader;
-use arrow::ipc::writer::StreamWriter;
+use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 
-use crate::SqlError;
+use crate::StateError;
 
 /// `table` as the bytes of a state file.
-pub(crate) fn encode(table: &RecordBatch) -> Result<Vec<u8>, SqlError> {
+pub fn encode(table: &RecordBatch) -> Result<Vec<u8>, StateError> {
     let mut bytes = Vec::new();
-    let mut writer = StreamWriter::try_new(&mut bytes, &table.schema())
-        .map_err(|e| SqlError::Internal(format!("encoding state: {e}")))?;
+    // LZ4 frames: a state file is written and fsynced before every commit, and
+    // its keys and windows repeat, so compressing it costs less than writing it.
+    let options = IpcWriteOptions::default()
+        .try_with_compression(Some(CompressionType::LZ4_FRAME))
+        .map_err(|e| StateError::Internal(format!("encoding state: {e}")))?;
+    let mut writer = StreamWriter::try_new_with_options(&mut bytes, &table.schema(), options)
+        .map_err(|e| StateError::Internal(format!("encoding state: {e}")))?;
     writer
         .write(table)
         .and_then(|()| writer.finish())
-        .map_err(|e| SqlError::Internal(format!("encoding state: {e}")))?;
+        .map_err(|e| StateError::Internal(format!("encoding state: {e}")))?;
     drop(writer);
     Ok(bytes)
 }
 
 /// A state file's table, which must have the columns of `schema`.
-pub(crate) fn decode(
-    bytes: &[u8],
-    schema: &SchemaRef,
-    location: &str,
-) -> Result<RecordBatch, SqlError> {
-    let damaged = |reason: String| SqlError::State {
+pub fn decode(bytes: &[u8], schema: &SchemaRef, location: &str) -> Result<RecordBatch, StateError> {
+    let damaged = |reason: String| StateError::Damaged {
         location: location.to_owned(),
         reason,
     };

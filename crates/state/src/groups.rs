@@ -29,8 +29,7 @@ use datafusion::physical_expr::GroupsAccumulatorAdapter;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::PhysicalExpr;
 
-use crate::SqlError;
-use crate::window::{WINDOW_COLUMN, window_ends_ms, window_starts_ms};
+use crate::StateError;
 
 /// When a group's row is emitted: Spark's output modes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +55,7 @@ impl OutputMode {
 
 /// Which group key decides when a group is final and leaves the state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Eviction {
+pub enum Eviction {
     /// None: groups stay for ever.
     Never,
     /// The window key at this index: a group is final when the watermark reaches
@@ -68,7 +67,7 @@ pub(crate) enum Eviction {
 }
 
 /// The aggregate as DataFusion planned it, taken apart.
-pub(crate) struct AggregateParts {
+pub struct AggregateParts {
     pub group_exprs: Vec<(Arc<dyn PhysicalExpr>, String)>,
     pub aggregates: Vec<Arc<AggregateFunctionExpr>>,
     pub filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
@@ -119,7 +118,7 @@ struct Pending {
 }
 
 /// A stateful aggregation over the stream.
-pub(crate) struct Aggregation {
+pub struct Aggregation {
     parts: AggregateParts,
     mode: OutputMode,
     eviction: Eviction,
@@ -136,6 +135,8 @@ pub(crate) struct Aggregation {
     working: Mutex<Option<Working>>,
     pending: Option<Pending>,
     stats: StateStats,
+    /// `[query] max_state_rows`.
+    max_rows: u64,
 }
 
 impl std::fmt::Debug for Aggregation {
@@ -148,12 +149,12 @@ impl std::fmt::Debug for Aggregation {
     }
 }
 
-fn internal(context: &str, e: impl std::fmt::Display) -> SqlError {
-    SqlError::Internal(format!("{context}: {e}"))
+fn internal(context: &str, e: impl std::fmt::Display) -> StateError {
+    StateError::Internal(format!("{context}: {e}"))
 }
 
-fn execution(e: impl std::fmt::Display) -> SqlError {
-    SqlError::Execution(crate::query::one_line(&e.to_string()))
+fn execution(e: impl std::fmt::Display) -> StateError {
+    StateError::Execution(one_line(&e.to_string()))
 }
 
 /// The name of the column in state files that says whether a row writes or
@@ -165,12 +166,13 @@ const OP_REMOVE: i8 = 1;
 impl Aggregation {
     /// An aggregation over `parts`, emitting by `mode`; `session` is the window
     /// key's index when it is a session window, whose groups merge.
-    pub(crate) fn new(
+    pub fn new(
         parts: AggregateParts,
         mode: OutputMode,
         eviction: Eviction,
         session: Option<usize>,
-    ) -> Result<Aggregation, SqlError> {
+        max_rows: u64,
+    ) -> Result<Aggregation, StateError> {
         let mut fields: Vec<FieldRef> = Vec::new();
         let mut sort = Vec::new();
         for (expr, name) in &parts.group_exprs {
@@ -214,25 +216,26 @@ impl Aggregation {
             working: Mutex::new(None),
             pending: None,
             stats: StateStats::default(),
+            max_rows,
         })
     }
 
     /// The output mode.
-    pub(crate) fn mode(&self) -> OutputMode {
+    pub fn mode(&self) -> OutputMode {
         self.mode
     }
 
     /// The schema of the rows [`Aggregation::finish`] emits.
-    pub(crate) fn output_schema(&self) -> SchemaRef {
+    pub fn output_schema(&self) -> SchemaRef {
         self.parts.output.clone()
     }
 
     /// The counts of the batch last finished.
-    pub(crate) fn stats(&self) -> StateStats {
+    pub fn stats(&self) -> StateStats {
         self.stats
     }
 
-    fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>, SqlError> {
+    fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>, StateError> {
         self.parts
             .aggregates
             .iter()
@@ -266,7 +269,7 @@ impl Aggregation {
     }
 
     /// Accumulators holding `table`'s groups, group i being row i.
-    fn load(&self, table: &RecordBatch) -> Result<Vec<Box<dyn GroupsAccumulator>>, SqlError> {
+    fn load(&self, table: &RecordBatch) -> Result<Vec<Box<dyn GroupsAccumulator>>, StateError> {
         let mut accumulators = self.accumulators()?;
         let n = table.num_rows();
         if n > 0 {
@@ -281,7 +284,7 @@ impl Aggregation {
     }
 
     /// Starts a batch from the committed state.
-    pub(crate) fn begin(&mut self) -> Result<(), SqlError> {
+    pub fn begin(&mut self) -> Result<(), StateError> {
         let n = self.committed.table.num_rows();
         *self.working() = Some(Working {
             index: self.committed.index.clone(),
@@ -294,14 +297,14 @@ impl Aggregation {
     }
 
     /// Counts input rows dropped as late.
-    pub(crate) fn dropped(&mut self, rows: u64) {
+    pub fn dropped(&mut self, rows: u64) {
         if let Some(working) = self.working().as_mut() {
             working.dropped += rows;
         }
     }
 
     /// Adds the rows below the aggregate to their groups.
-    pub(crate) fn update(&mut self, batch: &RecordBatch) -> Result<(), SqlError> {
+    pub fn update(&mut self, batch: &RecordBatch) -> Result<(), StateError> {
         if self.working().is_none() {
             self.begin()?;
         }
@@ -313,7 +316,7 @@ impl Aggregation {
         result
     }
 
-    fn update_working(&self, working: &mut Working, batch: &RecordBatch) -> Result<(), SqlError> {
+    fn update_working(&self, working: &mut Working, batch: &RecordBatch) -> Result<(), StateError> {
         let evaluate = |expr: &Arc<dyn PhysicalExpr>, batch: &RecordBatch| {
             expr.evaluate(batch)
                 .and_then(|v| v.into_array(batch.num_rows()))
@@ -390,7 +393,7 @@ impl Aggregation {
 
     /// Ends the batch under `watermark_ms`: the rows its output mode emits (in
     /// the aggregate's output schema), and the next version of the state.
-    pub(crate) fn finish(&mut self, watermark_ms: i64) -> Result<RecordBatch, SqlError> {
+    pub fn finish(&mut self, watermark_ms: i64) -> Result<RecordBatch, StateError> {
         if self.working().is_none() {
             self.begin()?;
         }
@@ -424,7 +427,7 @@ impl Aggregation {
         let closed: Vec<bool> = match self.eviction {
             Eviction::Never => vec![false; n],
             Eviction::Window(i) => {
-                let ends = window_ends_ms(table.column(i).as_ref()).map_err(execution)?;
+                let ends = window_bounds_ms(table.column(i).as_ref(), 1)?;
                 ends.iter()
                     .map(|end| end.is_some_and(|end| end <= watermark_ms))
                     .collect()
@@ -446,6 +449,12 @@ impl Aggregation {
             .map(|g| g as u32)
             .collect();
         let keep: Vec<u32> = (0..n).filter(|&g| !closed[g]).map(|g| g as u32).collect();
+        if keep.len() as u64 > self.max_rows {
+            return Err(StateError::TooLarge {
+                rows: keep.len() as u64,
+                limit: self.max_rows,
+            });
+        }
         let output = self.evaluate(&table, &emit)?;
 
         let kept = take_rows(&table, &keep)?;
@@ -492,7 +501,7 @@ impl Aggregation {
     }
 
     /// The aggregate's output for the groups `rows` of `table`.
-    fn evaluate(&self, table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, SqlError> {
+    fn evaluate(&self, table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, StateError> {
         let chosen = take_rows(table, rows)?;
         let mut accumulators = self.load(&chosen)?;
         let mut columns: Vec<ArrayRef> = chosen.columns()[..self.parts.group_exprs.len()].to_vec();
@@ -531,10 +540,10 @@ impl Aggregation {
         table: &RecordBatch,
         updated: &[bool],
         window: usize,
-    ) -> Result<(RecordBatch, Vec<bool>), SqlError> {
+    ) -> Result<(RecordBatch, Vec<bool>), StateError> {
         let n = table.num_rows();
-        let starts = window_starts_ms(table.column(window).as_ref()).map_err(execution)?;
-        let ends = window_ends_ms(table.column(window).as_ref()).map_err(execution)?;
+        let starts = window_bounds_ms(table.column(window).as_ref(), 0)?;
+        let ends = window_bounds_ms(table.column(window).as_ref(), 1)?;
         // The other keys, to tell the sessions of one key from another's.
         let others: Vec<ArrayRef> = table.columns()[..self.parts.group_exprs.len()]
             .iter()
@@ -583,7 +592,7 @@ impl Aggregation {
             DataType::Struct(fields) => fields[0].data_type().clone(),
             other => return Err(internal("a session window", other)),
         };
-        let bounds = |values: Vec<Option<i64>>| -> Result<ArrayRef, SqlError> {
+        let bounds = |values: Vec<Option<i64>>| -> Result<ArrayRef, StateError> {
             let ms: ArrayRef = Arc::new(arrow::array::TimestampMillisecondArray::from(values));
             arrow::compute::cast(&ms, &time_type).map_err(execution)
         };
@@ -628,7 +637,7 @@ impl Aggregation {
         table: &RecordBatch,
         changed: &[u32],
         removed: &[u32],
-    ) -> Result<RecordBatch, SqlError> {
+    ) -> Result<RecordBatch, StateError> {
         let written = take_rows(table, changed)?;
         let keys = self.parts.group_exprs.len();
         let gone = take_rows(&self.committed.table, removed)?;
@@ -651,16 +660,20 @@ impl Aggregation {
             .map_err(|e| internal("a state delta", e))
     }
 
-    /// The finished batch's state: its delta, and the whole of it for a
-    /// snapshot. `None` before a batch has finished.
-    pub(crate) fn pending_files(&self) -> Option<(RecordBatch, RecordBatch)> {
-        let pending = self.pending.as_ref()?;
-        let all: Vec<u32> = (0..pending.version.table.num_rows() as u32).collect();
-        let snapshot = self.snapshot_of(&pending.version.table, &all).ok()?;
-        Some((pending.delta.clone(), snapshot))
+    /// The finished batch's delta: the groups it wrote and removed. `None`
+    /// before a batch has finished.
+    pub fn pending_delta(&self) -> Option<&RecordBatch> {
+        self.pending.as_ref().map(|p| &p.delta)
     }
 
-    fn snapshot_of(&self, table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, SqlError> {
+    /// The whole state after the finished batch, as a snapshot file's table.
+    pub fn pending_snapshot(&self) -> Option<Result<RecordBatch, StateError>> {
+        let pending = self.pending.as_ref()?;
+        let all: Vec<u32> = (0..pending.version.table.num_rows() as u32).collect();
+        Some(self.snapshot_of(&pending.version.table, &all))
+    }
+
+    fn snapshot_of(&self, table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, StateError> {
         let chosen = take_rows(table, rows)?;
         let mut columns: Vec<ArrayRef> =
             vec![Arc::new(Int8Array::from(vec![OP_WRITE; chosen.num_rows()]))];
@@ -670,7 +683,7 @@ impl Aggregation {
     }
 
     /// Makes the finished batch's state the one the next batch starts from.
-    pub(crate) fn commit(&mut self) {
+    pub fn commit(&mut self) {
         if let Some(pending) = self.pending.take() {
             self.committed = pending.version;
             self.stats = pending.stats;
@@ -678,13 +691,13 @@ impl Aggregation {
     }
 
     /// The schema of state files.
-    pub(crate) fn file_schema(&self) -> SchemaRef {
+    pub fn file_schema(&self) -> SchemaRef {
         self.file_schema.clone()
     }
 
     /// Sets the committed state from a snapshot and the deltas after it, in
     /// order, as read from state files.
-    pub(crate) fn restore(&mut self, files: &[RecordBatch]) -> Result<(), SqlError> {
+    pub fn restore(&mut self, files: &[RecordBatch]) -> Result<(), StateError> {
         let keys = self.parts.group_exprs.len();
         let mut latest: HashMap<Box<[u8]>, (usize, usize)> = HashMap::new();
         for (f, file) in files.iter().enumerate() {
@@ -730,7 +743,7 @@ impl Aggregation {
     }
 
     /// Empties the state.
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.committed = Version {
             table: RecordBatch::new_empty(self.state_schema.clone()),
             index: HashMap::new(),
@@ -746,12 +759,12 @@ impl Aggregation {
     }
 
     /// Whether groups ever become final and leave the state.
-    pub(crate) fn evicts(&self) -> bool {
+    pub fn evicts(&self) -> bool {
         self.eviction != Eviction::Never && self.mode != OutputMode::Complete
     }
 
     /// The operator's name in progress reports, as Spark names it.
-    pub(crate) fn operator_name(&self) -> &'static str {
+    pub fn operator_name(&self) -> &'static str {
         if self.parts.aggregates.is_empty() {
             "dedupe"
         } else if self.session.is_some() {
@@ -763,21 +776,41 @@ impl Aggregation {
 }
 
 /// The event times of a timestamp column, in epoch milliseconds.
-fn time_ms(column: &ArrayRef) -> Result<arrow::array::Int64Array, SqlError> {
+fn time_ms(column: &ArrayRef) -> Result<arrow::array::Int64Array, StateError> {
     let ms = arrow::compute::cast(column, &DataType::Timestamp(TimeUnit::Millisecond, None))
         .and_then(|ms| arrow::compute::cast(&ms, &DataType::Int64))
         .map_err(execution)?;
     Ok(ms.as_primitive::<arrow::datatypes::Int64Type>().clone())
 }
 
-fn take_rows(table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, SqlError> {
-    let indices = UInt32Array::from(rows.to_vec());
-    arrow::compute::take_record_batch(table, &indices).map_err(|e| internal("taking groups", e))
+/// A message on one line: its lines joined.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
-/// Whether `name` is the window column a rewritten query groups by.
-pub(crate) fn is_window_key(name: &str, data_type: &DataType) -> bool {
-    name == WINDOW_COLUMN
-        && matches!(data_type, DataType::Struct(fields)
-            if fields.len() == 2 && fields[0].name() == "start" && fields[1].name() == "end")
+/// The `start` (`field` 0) or `end` (`field` 1) bounds of a window struct
+/// column, in epoch milliseconds.
+pub fn window_bounds_ms(
+    window: &dyn Array,
+    field: usize,
+) -> Result<arrow::array::Int64Array, StateError> {
+    let window = window
+        .as_struct_opt()
+        .ok_or_else(|| internal("a window column", window.data_type()))?;
+    let bounds = arrow::compute::cast(
+        window.column(field),
+        &DataType::Timestamp(TimeUnit::Millisecond, None),
+    )
+    .and_then(|ms| arrow::compute::cast(&ms, &DataType::Int64))
+    .map_err(execution)?;
+    Ok(bounds.as_primitive::<arrow::datatypes::Int64Type>().clone())
+}
+
+fn take_rows(table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, StateError> {
+    let indices = UInt32Array::from(rows.to_vec());
+    arrow::compute::take_record_batch(table, &indices).map_err(|e| internal("taking groups", e))
 }

@@ -1,0 +1,21 @@
+//! The state of a stateful query between batches: its groups, each holding
+//! DataFusion's partial aggregation states, versioned by batch and written as
+//! Arrow IPC files.
+//!
+//! This crate computes and does no I/O. [`Aggregation`] keeps the groups of one
+//! aggregation: a batch begins from the last committed version, adds its rows
+//! with DataFusion's own [`GroupsAccumulator`]s, and finishes by emitting what
+//! its output mode names and freeing what the watermark closed; the new version
+//! becomes the committed one once the executor has made it durable. Its deltas
+//! and snapshots are encoded by [`encode`] and read back by [`decode`], which
+//! names a damaged file or one written by another query.
+//!
+//! [`GroupsAccumulator`]: datafusion::logical_expr::GroupsAccumulator
+
+mod error;
+mod file;
+mod groups;
+
+pub use error::StateError;
+pub use file::{decode, encode};
+pub use groups::{AggregateParts, Aggregation, Eviction, OutputMode, StateStats, window_bounds_ms};
