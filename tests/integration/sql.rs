@@ -677,8 +677,8 @@ sql = """{sql}"""
         ),
         (
             json.clone(),
-            "SELECT customer, count(*) FROM orders GROUP BY customer",
-            "windowed aggregation",
+            "SELECT count(*) AS n FROM orders GROUP BY window(timestamp, '1 minute')",
+            "for an aggregation without a watermark cannot run on a stream",
         ),
         (
             json.clone(),

@@ -436,6 +436,30 @@ fn record_metrics(progress: &QueryProgress) {
     metrics::histogram!("sluice_wal_commit_ms").record(progress.duration_ms.wal_commit as f64);
     metrics::histogram!("sluice_commit_offsets_ms")
         .record(progress.duration_ms.commit_offsets as f64);
+    // One operator per stateful query, so its name is a label of bounded
+    // cardinality.
+    for operator in &progress.state_operators {
+        let name = operator.operator_name.clone();
+        metrics::gauge!("sluice_state_rows", "operator" => name.clone())
+            .set(operator.num_rows_total as f64);
+        metrics::gauge!("sluice_state_memory_bytes", "operator" => name.clone())
+            .set(operator.memory_used_bytes as f64);
+        metrics::counter!("sluice_state_rows_updated_total", "operator" => name.clone())
+            .increment(operator.num_rows_updated);
+        metrics::counter!("sluice_state_rows_removed_total", "operator" => name.clone())
+            .increment(operator.num_rows_removed);
+        metrics::counter!("sluice_late_rows_dropped_total", "operator" => name.clone())
+            .increment(operator.num_rows_dropped_by_watermark);
+        metrics::histogram!("sluice_state_commit_ms", "operator" => name)
+            .record(operator.commit_time_ms as f64);
+    }
+    if let Some(event_time) = &progress.event_time
+        && let Some(watermark) = event_time.get("watermark")
+        && let Ok(at) = humantime::parse_rfc3339(watermark)
+        && let Ok(since) = at.duration_since(std::time::UNIX_EPOCH)
+    {
+        metrics::gauge!("sluice_watermark_ms").set(since.as_millis() as f64);
+    }
     if let Some(source) = progress.sources.first() {
         for (name, metric) in [
             ("maxOffsetsBehindLatest", "sluice_max_offsets_behind_latest"),
