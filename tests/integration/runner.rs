@@ -417,21 +417,7 @@ async fn crash_repeatedly(job: Job) {
 
     let mut random = Lcg::from_clock("crash test");
     let streaming = job.config_with("", "processing_time = \"0s\"");
-    for kill in 0..12 {
-        let mut child = Command::new(sluice())
-            .args(["run", "--config", streaming.to_str().unwrap()])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let wait = 150 + random.next_below(700);
-        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "run {kill} exited early"
-        );
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-    }
+    sluice_tests::process::kill_at_random_moments(&streaming, 12, (150, 700), &mut random).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let produced = producer_task.await.unwrap() as i64;
 

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -17,7 +16,7 @@ use serde_json::Value;
 use sluice_tests::kafka::{
     Out, TIMEOUT, create_topic, delete_topic, produce, produce_values, producer,
 };
-use sluice_tests::process::{Lcg, run, sluice, stderr};
+use sluice_tests::process::{Lcg, run, stderr};
 
 /// The order numbered `n`, as JSON: its customer and amount follow from `n`.
 fn order(n: u64) -> String {
@@ -106,7 +105,7 @@ file = "{progress}"
 }
 
 /// Every JSON line of the `.jsonl` files in `dir`.
-fn lines(dir: &Path) -> Vec<Value> {
+pub(crate) fn lines(dir: &Path) -> Vec<Value> {
     let mut all = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
         return all;
@@ -225,21 +224,7 @@ async fn a_json_topic_filtered_by_sql_reaches_jsonl_exactly_once_through_sigkill
     let stop = Arc::new(AtomicBool::new(false));
     let producer_task = keep_producing(topic.clone(), 3, stop.clone());
     let mut random = Lcg::from_clock("sql crash test");
-    for kill in 0..10 {
-        let mut child = Command::new(sluice())
-            .args(["run", "--config", streaming.to_str().unwrap()])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let wait = 300 + random.next_below(900);
-        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "run {kill} exited early"
-        );
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-    }
+    sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 

@@ -6,15 +6,16 @@
 //! queries refused.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 use sluice_offsets::{PartitionOffsets, offsets_from_json};
 use sluice_tests::kafka::{Out, create_topic, delete_topic, produce, producer};
-use sluice_tests::process::{Lcg, run, sluice, stderr};
+use sluice_tests::process::{Lcg, run, stderr};
+
+use crate::sql::lines;
 
 /// 2026-01-01T00:00:00Z, where event time starts.
 const BASE_MS: i64 = 1_767_225_600_000;
@@ -187,23 +188,6 @@ path = "{out}"
     }
 }
 
-/// Every row of the `.jsonl` files in `dir`.
-fn lines(dir: &Path) -> Vec<Value> {
-    let mut all = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return all;
-    };
-    for entry in entries {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "jsonl") {
-            for line in std::fs::read_to_string(&path).unwrap().lines() {
-                all.push(serde_json::from_str(line).unwrap());
-            }
-        }
-    }
-    all
-}
-
 /// Keeps producing orders round-robin over `partitions` until told to stop;
 /// returns each partition's orders in offset order.
 fn keep_producing(
@@ -325,21 +309,7 @@ async fn exactly_once_through_sigkills(cassandra: bool) {
     let stop = Arc::new(AtomicBool::new(false));
     let producer_task = keep_producing(topic.clone(), 3, stop.clone());
     let mut random = Lcg::from_clock("stateful crash test");
-    for kill in 0..20 {
-        let mut child = Command::new(sluice())
-            .args(["run", "--config", streaming.to_str().unwrap()])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let wait = 300 + random.next_below(900);
-        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "run {kill} exited early"
-        );
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-    }
+    sluice_tests::process::kill_at_random_moments(&streaming, 20, (300, 900), &mut random).await;
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 

@@ -113,3 +113,30 @@ impl Lcg {
         (self.0 >> 33) % bound
     }
 }
+
+/// Starts `sluice run --config <config>` `kills` times, and kills each run with
+/// SIGKILL after `min_ms` plus a random part of `spread_ms`, checking that it
+/// was still running: the crash of an exactly-once test.
+pub async fn kill_at_random_moments(
+    config: &Path,
+    kills: u32,
+    (min_ms, spread_ms): (u64, u64),
+    random: &mut Lcg,
+) {
+    for kill in 0..kills {
+        let mut child = Command::new(sluice())
+            .args(["run", "--config"])
+            .arg(config)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting sluice run");
+        let wait = min_ms + random.next_below(spread_ms);
+        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        assert!(
+            child.try_wait().expect("polling sluice run").is_none(),
+            "run {kill} exited early"
+        );
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reaping sluice run");
+    }
+}

@@ -625,13 +625,7 @@ where
         let mut files = Vec::new();
         if let Some(version) = version {
             for operator in 0..operators {
-                let stored = retrying!(
-                    retry,
-                    "listing state",
-                    self.store.list_state(operator),
-                    Store::is_transient,
-                    ExecutorError::Store
-                )?;
+                let stored = self.stored_state(operator).await?;
                 let wanted = state_files_to_load(&stored, version).map_err(|missing| {
                     ExecutorError::StateMissing {
                         operator,
@@ -672,6 +666,21 @@ where
             .map_err(ExecutorError::Process)
     }
 
+    /// The versions and kinds of `operator`'s state files in the store.
+    async fn stored_state(
+        &mut self,
+        operator: u32,
+    ) -> Result<Vec<(BatchId, StateFileKind)>, QueryError<Src, Store, Proc, Snk, Dead>> {
+        let retry = self.options.retry;
+        retrying!(
+            retry,
+            "listing state",
+            self.store.list_state(operator),
+            Store::is_transient,
+            ExecutorError::Store
+        )
+    }
+
     /// Makes the finished batch's state durable.
     async fn write_state(
         &mut self,
@@ -710,13 +719,7 @@ where
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
         let retry = self.options.retry;
         for operator in 0..self.processor.state_operators() {
-            let stored = retrying!(
-                retry,
-                "listing state",
-                self.store.list_state(operator),
-                Store::is_transient,
-                ExecutorError::Store
-            )?;
+            let stored = self.stored_state(operator).await?;
             let old = state_files_to_purge(&stored, keep_from);
             if !old.is_empty() {
                 retrying!(

@@ -674,7 +674,8 @@ mod stateful_tests {
         (text(&out.rows), files)
     }
 
-    fn text(batches: &[RecordBatch]) -> Vec<String> {
+    /// Rows as text, a line each, sorted.
+    pub(super) fn text(batches: &[RecordBatch]) -> Vec<String> {
         let mut rows = Vec::new();
         for batch in batches {
             for row in 0..batch.num_rows() {
@@ -848,21 +849,7 @@ mod aggregate_tests {
         SqlProcessor::new(decoder, Some(query))
     }
 
-    fn rows(batches: &[RecordBatch]) -> Vec<String> {
-        let mut rows = Vec::new();
-        for batch in batches {
-            for row in 0..batch.num_rows() {
-                let cells: Vec<String> = batch
-                    .columns()
-                    .iter()
-                    .map(|c| arrow::util::display::array_value_to_string(c, row).unwrap())
-                    .collect();
-                rows.push(cells.join(" "));
-            }
-        }
-        rows.sort();
-        rows
-    }
+    use super::stateful_tests::text as rows;
 
     /// `sql` over orders 0..60 in three batches, a fresh processor restored from
     /// the state files before each, in complete mode: the last batch's rows.
