@@ -127,8 +127,6 @@ pub struct StateOperatorStats {
     pub rows_dropped_by_watermark: u64,
     /// The state's size in memory.
     pub memory_used_bytes: u64,
-    /// The bytes of the state file written for the batch.
-    pub file_bytes: u64,
 }
 
 #[cfg(test)]

@@ -273,7 +273,6 @@ impl Processor for SqlProcessor {
             rows_removed: stats.rows_removed,
             rows_dropped_by_watermark: stats.rows_dropped_by_watermark,
             memory_used_bytes: stats.memory_used_bytes,
-            file_bytes: 0,
         }]
     }
 
