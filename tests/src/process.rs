@@ -10,8 +10,12 @@ pub fn sluice() -> &'static Path {
     BINARY.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        // The same selection as `cargo test --workspace` (every package's tests,
+        // so every package's dev-dependencies): `-p sluice-runner` alone resolves
+        // other features (serde's `alloc`, which criterion turns on) and builds
+        // DataFusion and 70 other crates a second time.
         let status = Command::new(cargo)
-            .args(["build", "-q", "-p", "sluice-runner", "--bin", "sluice"])
+            .args(["build", "-q", "--workspace", "--bins", "--tests"])
             .current_dir(&root)
             .status()
             .expect("running cargo build");

@@ -207,13 +207,11 @@ fn spark_compat(root: &Path) -> Result<()> {
         &dir.join("maven.log"),
     )?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    // `--workspace`, as in `cargo_test`: selecting one package resolves other
-    // features and rebuilds about 80 crates.
+    // `--workspace --tests`, as in `cargo_test`, to reuse its build.
     let args = [
         "test",
         "--workspace",
-        "--test",
-        "integration",
+        "--tests",
         "spark_checkpoint",
         "--",
         "--ignored",
@@ -239,16 +237,18 @@ fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {
     if !extra.is_empty() {
         return all;
     }
-    // Tests that stop a server run alone, after everything else. `--workspace`
-    // keeps the build of the run above: selecting one package resolves other
-    // features and rebuilds about 80 crates.
+    // Tests that stop a server run alone, after everything else. `--workspace
+    // --tests` keeps the build of the run above, where `--test integration`
+    // would resolve other features for the proc macros and build scylla and the
+    // integration binary a second time: every package's tests, so every package's dev-dependencies, as in
+    // a plain `cargo test --workspace`. The filter leaves the other binaries
+    // with nothing to run.
     let outage = cargo(
         root,
         &[
             "test",
             "--workspace",
-            "--test",
-            "integration",
+            "--tests",
             "outage",
             "--",
             "--ignored",
