@@ -133,6 +133,40 @@ path = "{out}"
             .collect()
     }
 
+    /// How many state partitions hold files: folders under `state/0/`, or
+    /// Cassandra partitions of the state table.
+    async fn state_partitions_stored(&self) -> u32 {
+        match &self.cassandra {
+            None => std::fs::read_dir(self.path("checkpoint").join("state").join("0"))
+                .unwrap()
+                .count() as u32,
+            Some(location) => {
+                let location = sluice_cassandra_store::CassandraLocation::parse(location).unwrap();
+                let session = scylla::client::session_builder::SessionBuilder::new()
+                    .known_nodes(&location.nodes)
+                    .build()
+                    .await
+                    .unwrap();
+                let rows = session
+                    .query_unpaged(
+                        format!(
+                            "SELECT DISTINCT query, operator, partition FROM {}.sluice_state",
+                            location.keyspace
+                        ),
+                        (),
+                    )
+                    .await
+                    .unwrap()
+                    .into_rows_result()
+                    .unwrap();
+                rows.rows::<(String, i32, i32)>()
+                    .unwrap()
+                    .filter(|row| row.as_ref().unwrap().0 == location.query)
+                    .count() as u32
+            }
+        }
+    }
+
     /// Every stored plan: its start and end offsets and its watermark, by batch.
     async fn plans(&self) -> BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)> {
         let mut plans = BTreeMap::new();
@@ -293,12 +327,14 @@ fn windows(out: &[Value]) -> BTreeMap<(i64, String), (i64, i64)> {
     rows
 }
 
-async fn exactly_once_through_sigkills(cassandra: bool) {
+async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32) {
     let topic = sluice_tests::unique_name("stateful");
     create_topic(&topic, 3).await;
     let job = StatefulJob::new(&topic, cassandra);
     let source = format!("event_time = \"ts\"\nwatermark_delay = \"{DELAY_MS}ms\"");
-    let query = format!("sql = \"{WINDOWED}\"\noutput_mode = \"append\"");
+    let query = format!(
+        "sql = \"{WINDOWED}\"\noutput_mode = \"append\"\nstate_partitions = {state_partitions}"
+    );
     let streaming = job.config(
         "streaming.toml",
         &source,
@@ -357,18 +393,24 @@ async fn exactly_once_through_sigkills(cassandra: bool) {
         "progress for most batches: {reported} of {}",
         plans.len()
     );
+    assert_eq!(
+        job.state_partitions_stored().await,
+        state_partitions,
+        "the state is split as configured"
+    );
     delete_topic(&topic).await;
 }
 
 #[tokio::test]
 async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_filesystem_checkpoint()
 {
-    exactly_once_through_sigkills(false).await;
+    exactly_once_through_sigkills(false, 1).await;
 }
 
 #[tokio::test]
 async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_cassandra_store() {
-    exactly_once_through_sigkills(true).await;
+    // Four state partitions, so four Cassandra partitions of the state table.
+    exactly_once_through_sigkills(true, 4).await;
 }
 
 /// Twenty orders over two partitions, their event times 1 s apart.
@@ -640,6 +682,24 @@ async fn damaged_state_is_named_set_needs_reset_state_and_retention_keeps_what_r
     assert!(got.keys().all(|(start, _)| *start == BASE_MS), "{got:?}");
     let orders: i64 = got.values().map(|(n, _)| n).sum();
     assert_eq!(orders, 10, "{got:?}");
+
+    // The checkpoint keeps its state's partitions: asking for two is refused,
+    // and nothing is run.
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("state_partitions = 2\n");
+    std::fs::write(&config, text).unwrap();
+    produce(&producer(), &topic, &[Out::new(0, "k", order(2))]).await;
+    let plans = || {
+        std::fs::read_dir(job.path("checkpoint").join("offsets"))
+            .unwrap()
+            .count()
+    };
+    let before = plans();
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("state_partitions = 1"), "{err}");
+    assert_eq!(plans(), before, "no batch was planned");
     delete_topic(&topic).await;
 }
 
@@ -647,7 +707,7 @@ async fn damaged_state_is_named_set_needs_reset_state_and_retention_keeps_what_r
 async fn bad_stateful_queries_exit_2_with_one_clear_line() {
     let job = StatefulJob::new("unused", false);
     let watermark = "event_time = \"ts\"\nwatermark_delay = \"5s\"";
-    let cases: [(&str, &str, &str); 10] = [
+    let cases: [(&str, &str, &str); 11] = [
         (
             "",
             "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(ts, '1 minute')\"",
@@ -697,6 +757,11 @@ async fn bad_stateful_queries_exit_2_with_one_clear_line() {
             watermark,
             "sql = \"SELECT count(*) AS n FROM orders\"\noutput_mode = \"sometimes\"",
             "output_mode must be",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(ts, '1 minute')\"\nstate_partitions = 0",
+            "query.state_partitions = 0: it must be from 1 to 256",
         ),
     ];
     for (source, query, expected) in cases {

@@ -1,7 +1,7 @@
 //! One behaviour suite for every offset store, run against the filesystem
 //! checkpoint and against the real Cassandra node: fresh start, plan → crash →
-//! replay, commit → next batch, two writers, retention, and damaged or
-//! inconsistent logs.
+//! replay, commit → next batch, two writers, retention, damaged or
+//! inconsistent logs, and state files in several partitions.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_offsets::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Offset, OffsetStore, PartitionOffsets,
-    Recovery, TopicPartition, purge_threshold,
+    Recovery, StateFile, StateFileId, StateFileKind, TopicPartition, purge_threshold,
 };
 
 /// Opens stores of one query, as successive runners would.
@@ -157,6 +157,70 @@ async fn retention(h: &impl Harness) {
     assert!(stored.initial_offsets.is_some(), "batch 0's start is kept");
 }
 
+/// A state file of operator 0 whose bytes name it, larger than one Cassandra
+/// chunk for the snapshot.
+fn state_file(partition: u32, version: u64, kind: StateFileKind) -> StateFile {
+    let mut bytes = format!("p{partition} v{version} {kind:?}").into_bytes();
+    if kind == StateFileKind::Snapshot {
+        bytes.resize(1_500_000, b'.');
+    }
+    StateFile {
+        operator: 0,
+        partition,
+        version: BatchId(version),
+        kind,
+        bytes,
+        location: String::new(),
+    }
+}
+
+async fn state_in_partitions(h: &impl Harness) {
+    let mut store = h.open().await.unwrap();
+    assert!(store.list_state(0).await.unwrap().is_empty());
+    let mut written = Vec::new();
+    for version in 0..3 {
+        for partition in 0..3 {
+            written.push(state_file(partition, version, StateFileKind::Delta));
+        }
+    }
+    written.push(state_file(1, 2, StateFileKind::Snapshot));
+    for file in &written {
+        store.write_state(file).await.unwrap();
+    }
+    // A replayed batch writes the same file again: the stored one stays.
+    let mut again = state_file(2, 1, StateFileKind::Delta);
+    again.bytes = b"other".to_vec();
+    store.write_state(&again).await.unwrap();
+
+    let mut ids: Vec<StateFileId> = written.iter().map(StateFile::id).collect();
+    ids.sort_unstable();
+    assert_eq!(store.list_state(0).await.unwrap(), ids);
+    assert!(store.list_state(1).await.unwrap().is_empty());
+    for file in &written {
+        let read = store.read_state(0, file.id()).await.unwrap();
+        assert_eq!(read.bytes, file.bytes, "{:?}", file.id());
+        assert_eq!(read.id(), file.id());
+        let (p, v) = (file.partition, file.version);
+        assert!(
+            read.location
+                .contains(&format!("partition={p} version={v}"))
+                || read.location.contains(&format!("/{p}/{v}.")),
+            "{} names its partition",
+            read.location
+        );
+    }
+
+    let gone: Vec<StateFileId> = ids.iter().copied().filter(|f| f.version.0 == 0).collect();
+    store.remove_state(0, &gone).await.unwrap();
+    let left = store.list_state(0).await.unwrap();
+    assert_eq!(left.len(), ids.len() - 3);
+    assert!(left.iter().all(|f| f.version.0 > 0));
+    // A second runner finds the same files.
+    drop(store);
+    let mut second = h.open().await.unwrap();
+    assert_eq!(second.list_state(0).await.unwrap(), left);
+}
+
 async fn damaged_and_inconsistent(h: &impl Harness) {
     let mut store = h.open().await.unwrap();
     run_batch(&mut store, 0).await;
@@ -294,6 +358,11 @@ macro_rules! suite {
             async fn refuses_damaged_and_inconsistent_logs() {
                 damaged_and_inconsistent(&$harness).await;
             }
+
+            #[tokio::test]
+            async fn keeps_state_files_in_partitions() {
+                state_in_partitions(&$harness).await;
+            }
         }
     };
 }
@@ -340,4 +409,48 @@ async fn cassandra_mirrors_the_latest_committed_offsets_in_plain_columns() {
         plan(2).end_offsets(),
         "the next offsets to read, as Kafka commits them"
     );
+}
+
+#[tokio::test]
+async fn a_state_table_of_the_layout_before_partitions_is_named_with_what_to_do() {
+    let keyspace = sluice_tests::unique_name("old_state").replace('-', "_");
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_nodes(sluice_tests::cassandra_nodes())
+        .build()
+        .await
+        .unwrap();
+    for cql in [
+        format!(
+            "CREATE KEYSPACE {keyspace} WITH replication = {}",
+            sluice_tests::TEST_REPLICATION
+        ),
+        format!(
+            "CREATE TABLE {keyspace}.sluice_state (query text, operator int, version bigint, \
+             kind text, chunk int, bytes blob, epoch bigint, \
+             PRIMARY KEY ((query, operator), version, kind, chunk))"
+        ),
+    ] {
+        session.query_unpaged(cql, ()).await.unwrap();
+    }
+    let location = CassandraLocation {
+        nodes: sluice_tests::cassandra_nodes(),
+        keyspace: keyspace.clone(),
+        query: "q".to_owned(),
+    };
+    let err = CassandraStore::open(location, options())
+        .await
+        .err()
+        .expect("the old layout is refused")
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "table {keyspace}.sluice_state has an older layout"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("no `partition` column"), "{err}");
+    session
+        .query_unpaged(format!("DROP KEYSPACE {keyspace}"), ())
+        .await
+        .unwrap();
 }

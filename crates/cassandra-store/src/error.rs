@@ -40,6 +40,17 @@ pub enum CassandraStoreError {
         /// `keyspace.table`.
         table: String,
     },
+    /// A table of ours has another layout than this version writes.
+    #[error(
+        "table {table} has an older layout: {problem}; drop it (the state of the queries in it is \
+         lost: restart them with `sluice offsets set --reset-state`) or use another keyspace"
+    )]
+    OldTable {
+        /// `keyspace.table`.
+        table: String,
+        /// What differs.
+        problem: String,
+    },
     /// A newer runner has claimed the query: this one must never write again.
     #[error(
         "query {query} was taken over by {owner} (epoch {current_epoch}, ours was {epoch}); this \

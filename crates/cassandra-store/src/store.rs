@@ -12,8 +12,8 @@ use scylla::statement::prepared::PreparedStatement;
 use crate::connect::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, StateFile, StateFileKind,
-    StoredBatches, offsets_from_json, offsets_to_json,
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, StateFile, StateFileId,
+    StateFileKind, StoredBatches, offsets_from_json, offsets_to_json,
 };
 
 use crate::error::query_error;
@@ -74,8 +74,9 @@ pub const LOG_TABLE: &str = "sluice_log";
 /// The latest committed offsets, one plain row per partition, for anyone to read.
 pub const OFFSETS_TABLE: &str = "sluice_offsets";
 
-/// Stateful operators' state: one partition per query and operator, a version
-/// per batch, in chunks.
+/// Stateful operators' state: one Cassandra partition per query, operator and
+/// state partition (a range of the operator's key hashes), a version per batch,
+/// in chunks.
 pub const STATE_TABLE: &str = "sluice_state";
 
 /// The largest piece of a state file in one row, well under Cassandra's
@@ -242,7 +243,7 @@ impl CassandraStore {
         location: CassandraLocation,
         options: CassandraOptions,
         operator: u32,
-    ) -> Result<Vec<(BatchId, StateFileKind, u64)>, CassandraStoreError> {
+    ) -> Result<Vec<(StateFileId, u64)>, CassandraStoreError> {
         let inspect_options = CassandraOptions {
             create_schema: false,
             replication: None,
@@ -251,11 +252,57 @@ impl CassandraStore {
         let mut store = CassandraStore::connect(location, inspect_options).await?;
         let files = store.list_state(operator).await?;
         let mut sized = Vec::new();
-        for (version, kind) in files {
-            let file = store.read_state(operator, version, kind).await?;
-            sized.push((version, kind, file.bytes.len() as u64));
+        for id in files {
+            let file = store.read_state(operator, id).await?;
+            sized.push((id, file.bytes.len() as u64));
         }
         Ok(sized)
+    }
+
+    /// The complete state files of one state partition of `operator`; `None`
+    /// when it has no rows at all.
+    async fn list_state_partition(
+        &self,
+        operator: u32,
+        partition: u32,
+    ) -> Result<Option<Vec<StateFileId>>, CassandraStoreError> {
+        let ks = &self.location.keyspace;
+        let what = || format!("listing the state of operator {operator}, partition {partition}");
+        let rows = self
+            .session
+            .query_unpaged(
+                format!(
+                    "SELECT version, kind, chunk FROM {ks}.{STATE_TABLE} WHERE query = ? AND \
+                     operator = ? AND partition = ?"
+                ),
+                (&self.location.query, operator as i32, partition as i32),
+            )
+            .await
+            .map_err(query_error(what()))?
+            .into_rows_result()
+            .map_err(query_error(what()))?;
+        let mut files = Vec::new();
+        let mut rows_seen = false;
+        for row in rows
+            .rows::<(i64, String, i32)>()
+            .map_err(query_error(what()))?
+        {
+            let (version, kind, chunk) = row.map_err(query_error(what()))?;
+            rows_seen = true;
+            if chunk != STATE_COMPLETE {
+                continue;
+            }
+            if let (Ok(version), Some(kind)) =
+                (u64::try_from(version), StateFileKind::from_extension(&kind))
+            {
+                files.push(StateFileId {
+                    partition,
+                    version: BatchId(version),
+                    kind,
+                });
+            }
+        }
+        Ok(rows_seen.then_some(files))
     }
 
     /// The query id, created with the query's first claim.
@@ -460,8 +507,8 @@ async fn ensure_schema(
             STATE_TABLE,
             format!(
                 "CREATE TABLE IF NOT EXISTS {ks}.{STATE_TABLE} (query text, operator int, \
-                 version bigint, kind text, chunk int, bytes blob, epoch bigint, \
-                 PRIMARY KEY ((query, operator), version, kind, chunk))"
+                 partition int, version bigint, kind text, chunk int, bytes blob, epoch bigint, \
+                 PRIMARY KEY ((query, operator, partition), version, kind, chunk))"
             ),
         ),
     ];
@@ -484,6 +531,23 @@ async fn ensure_schema(
                 });
             }
         }
+    }
+    // `CREATE TABLE IF NOT EXISTS` keeps a table of another layout as it is:
+    // the state table from before state partitions has no `partition` column.
+    let partitioned = exists(
+        format!("looking at the columns of {ks}.{STATE_TABLE}"),
+        "SELECT column_name FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ? \
+         AND column_name = 'partition'",
+        vec![ks.clone(), STATE_TABLE.to_owned()],
+    )
+    .await?;
+    if !partitioned {
+        return Err(CassandraStoreError::OldTable {
+            table: format!("{ks}.{STATE_TABLE}"),
+            problem: "it has no `partition` column: it was created by a Sluice from before state \
+                      partitions, whose state this one does not read"
+                .to_owned(),
+        });
     }
     Ok(())
 }
@@ -746,14 +810,20 @@ impl OffsetStore for CassandraStore {
         let ks = &self.location.keyspace;
         let version = i64::try_from(file.version.0).unwrap_or(i64::MAX);
         let kind = file.kind.extension();
-        let entry = self.describe_state(file.operator, file.version, file.kind);
-        let key = (&self.location.query, file.operator as i32, version, kind);
+        let entry = self.describe_state(file.operator, file.id());
+        let key = (
+            &self.location.query,
+            file.operator as i32,
+            file.partition as i32,
+            version,
+            kind,
+        );
         let complete = self
             .session
             .query_unpaged(
                 format!(
                     "SELECT chunk FROM {ks}.{STATE_TABLE} WHERE query = ? AND operator = ? AND \
-                     version = ? AND kind = ? AND chunk = {STATE_COMPLETE}"
+                     partition = ? AND version = ? AND kind = ? AND chunk = {STATE_COMPLETE}"
                 ),
                 key,
             )
@@ -773,8 +843,8 @@ impl OffsetStore for CassandraStore {
             file.bytes.chunks(STATE_CHUNK_BYTES).collect()
         };
         let insert = format!(
-            "INSERT INTO {ks}.{STATE_TABLE} (query, operator, version, kind, chunk, bytes, epoch) \
-             VALUES (?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO {ks}.{STATE_TABLE} (query, operator, partition, version, kind, chunk, \
+             bytes, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         );
         for (i, chunk) in chunks.iter().enumerate() {
             self.session
@@ -785,6 +855,7 @@ impl OffsetStore for CassandraStore {
                         key.1,
                         key.2,
                         key.3,
+                        key.4,
                         i as i32,
                         chunk.to_vec(),
                         self.epoch,
@@ -804,6 +875,7 @@ impl OffsetStore for CassandraStore {
                     key.1,
                     key.2,
                     key.3,
+                    key.4,
                     STATE_COMPLETE,
                     count.to_vec(),
                     self.epoch,
@@ -814,38 +886,15 @@ impl OffsetStore for CassandraStore {
         Ok(())
     }
 
-    async fn list_state(
-        &mut self,
-        operator: u32,
-    ) -> Result<Vec<(BatchId, StateFileKind)>, CassandraStoreError> {
-        let ks = &self.location.keyspace;
-        let what = || format!("listing the state of operator {operator}");
-        let rows = self
-            .session
-            .query_unpaged(
-                format!(
-                    "SELECT version, kind, chunk FROM {ks}.{STATE_TABLE} WHERE query = ? AND \
-                     operator = ?"
-                ),
-                (&self.location.query, operator as i32),
-            )
-            .await
-            .map_err(query_error(what()))?
-            .into_rows_result()
-            .map_err(query_error(what()))?;
+    async fn list_state(&mut self, operator: u32) -> Result<Vec<StateFileId>, CassandraStoreError> {
+        // Every batch writes every partition, so the partitions in use are 0, 1,
+        // ... up to the first empty one; listing them one by one keeps to
+        // single-partition reads.
         let mut files = Vec::new();
-        for row in rows
-            .rows::<(i64, String, i32)>()
-            .map_err(query_error(what()))?
-        {
-            let (version, kind, chunk) = row.map_err(query_error(what()))?;
-            if chunk != STATE_COMPLETE {
-                continue;
-            }
-            if let (Ok(version), Some(kind)) =
-                (u64::try_from(version), StateFileKind::from_extension(&kind))
-            {
-                files.push((BatchId(version), kind));
+        for partition in 0.. {
+            match self.list_state_partition(operator, partition).await? {
+                Some(found) => files.extend(found),
+                None => break,
             }
         }
         files.sort_unstable();
@@ -855,24 +904,24 @@ impl OffsetStore for CassandraStore {
     async fn read_state(
         &mut self,
         operator: u32,
-        version: BatchId,
-        kind: StateFileKind,
+        file: StateFileId,
     ) -> Result<StateFile, CassandraStoreError> {
         let ks = &self.location.keyspace;
-        let entry = self.describe_state(operator, version, kind);
+        let entry = self.describe_state(operator, file);
         let what = || format!("reading {entry}");
         let rows = self
             .session
             .query_unpaged(
                 format!(
                     "SELECT chunk, bytes FROM {ks}.{STATE_TABLE} WHERE query = ? AND operator = ? \
-                     AND version = ? AND kind = ?"
+                     AND partition = ? AND version = ? AND kind = ?"
                 ),
                 (
                     &self.location.query,
                     operator as i32,
-                    i64::try_from(version.0).unwrap_or(i64::MAX),
-                    kind.extension(),
+                    file.partition as i32,
+                    i64::try_from(file.version.0).unwrap_or(i64::MAX),
+                    file.kind.extension(),
                 ),
             )
             .await
@@ -911,8 +960,9 @@ impl OffsetStore for CassandraStore {
         }
         Ok(StateFile {
             operator,
-            version,
-            kind,
+            partition: file.partition,
+            version: file.version,
+            kind: file.kind,
             bytes: chunks.into_values().flatten().collect(),
             location: entry.clone(),
         })
@@ -921,38 +971,41 @@ impl OffsetStore for CassandraStore {
     async fn remove_state(
         &mut self,
         operator: u32,
-        files: &[(BatchId, StateFileKind)],
+        files: &[StateFileId],
     ) -> Result<(), CassandraStoreError> {
         let ks = &self.location.keyspace;
-        for (version, kind) in files {
+        for file in files {
             self.session
                 .query_unpaged(
                     format!(
                         "DELETE FROM {ks}.{STATE_TABLE} WHERE query = ? AND operator = ? AND \
-                         version = ? AND kind = ?"
+                         partition = ? AND version = ? AND kind = ?"
                     ),
                     (
                         &self.location.query,
                         operator as i32,
-                        i64::try_from(version.0).unwrap_or(i64::MAX),
-                        kind.extension(),
+                        file.partition as i32,
+                        i64::try_from(file.version.0).unwrap_or(i64::MAX),
+                        file.kind.extension(),
                     ),
                 )
                 .await
                 .map_err(query_error(format!(
                     "removing {}",
-                    self.describe_state(operator, *version, *kind)
+                    self.describe_state(operator, *file)
                 )))?;
         }
         Ok(())
     }
 
-    fn describe_state(&self, operator: u32, version: BatchId, kind: StateFileKind) -> String {
+    fn describe_state(&self, operator: u32, file: StateFileId) -> String {
         format!(
-            "{}.{STATE_TABLE} query={} operator={operator} version={version} kind={}",
+            "{}.{STATE_TABLE} query={} operator={operator} partition={} version={} kind={}",
             self.location.keyspace,
             self.location.query,
-            kind.extension()
+            file.partition,
+            file.version,
+            file.kind.extension()
         )
     }
 

@@ -8,8 +8,8 @@
 //!   offsets/<batch>   v1 / metadata JSON / Kafka offset JSON (the plan, written first)
 //!   commits/<batch>   v1 / {"nextBatchWatermarkMs":0}       (written after the sink)
 //!   sources/0/0       0x00 v1 / initial Kafka offsets
-//!   state/<op>/0/<batch>.delta     a stateful operator's changes in a batch
-//!   state/<op>/0/<batch>.snapshot  and all of its state, every few batches
+//!   state/<op>/<p>/<batch>.delta     a stateful operator's changes in a batch, per partition
+//!   state/<op>/<p>/<batch>.snapshot  and all of its state, every few batches
 //!   sluice.lock       held with flock while a runner has the checkpoint open
 //! ```
 //!
@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use sluice_offsets::{
     BatchCommit, BatchId, BatchPlan, Log, Offset, OffsetStore, PartitionOffsets, StateFile,
-    StateFileKind, StoredBatches,
+    StateFileId, StateFileKind, StoredBatches,
 };
 
 pub use atomic::TEMP_SUFFIX;
@@ -104,9 +104,15 @@ impl Checkpoint {
             remove_temp_files(&sub)?;
         }
         for operator in list_dir_names(&checkpoint.dir.join("state"))? {
-            let sub = checkpoint.dir.join("state").join(operator).join("0");
-            if sub.is_dir() {
-                remove_temp_files(&sub)?;
+            let operator = checkpoint.dir.join("state").join(operator);
+            if !operator.is_dir() {
+                continue;
+            }
+            for partition in list_dir_names(&operator)? {
+                let sub = operator.join(partition);
+                if sub.is_dir() {
+                    remove_temp_files(&sub)?;
+                }
             }
         }
         Ok(checkpoint)
@@ -140,16 +146,16 @@ impl Checkpoint {
     pub fn inspect_state(
         dir: impl AsRef<Path>,
         operator: u32,
-    ) -> Result<Vec<(BatchId, StateFileKind, u64)>, CheckpointError> {
-        let state = state_dir(dir.as_ref(), operator);
-        list_state_files(&state)?
+    ) -> Result<Vec<(StateFileId, u64)>, CheckpointError> {
+        let dir = dir.as_ref();
+        list_state_files(dir, operator)?
             .into_iter()
-            .map(|(version, kind)| {
-                let path = state.join(format!("{version}.{}", kind.extension()));
+            .map(|file| {
+                let path = state_file_path(dir, operator, file);
                 let size = fs::metadata(&path)
                     .map_err(CheckpointError::io("reading", &path))?
                     .len();
-                Ok((version, kind, size))
+                Ok((file, size))
             })
             .collect()
     }
@@ -174,10 +180,11 @@ impl Checkpoint {
         self.commits_dir().join(batch.to_string())
     }
 
-    /// Where an operator's state file is: `state/<operator>/0/<batch>.<kind>`,
-    /// as Spark lays out its state store (with one state partition).
-    pub fn state_path(&self, operator: u32, version: BatchId, kind: StateFileKind) -> PathBuf {
-        state_dir(&self.dir, operator).join(format!("{version}.{}", kind.extension()))
+    /// Where an operator's state file is:
+    /// `state/<operator>/<partition>/<batch>.<kind>`, as Spark lays out its state
+    /// store.
+    pub fn state_path(&self, operator: u32, file: StateFileId) -> PathBuf {
+        state_file_path(&self.dir, operator, file)
     }
 
     fn offsets_dir(&self) -> PathBuf {
@@ -382,7 +389,7 @@ impl OffsetStore for Checkpoint {
     }
 
     async fn write_state(&mut self, file: &StateFile) -> Result<(), CheckpointError> {
-        let path = self.state_path(file.operator, file.version, file.kind);
+        let path = self.state_path(file.operator, file.id());
         let bytes = file.bytes.clone();
         blocking(move || {
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -402,27 +409,24 @@ impl OffsetStore for Checkpoint {
         .await
     }
 
-    async fn list_state(
-        &mut self,
-        operator: u32,
-    ) -> Result<Vec<(BatchId, StateFileKind)>, CheckpointError> {
-        let dir = state_dir(&self.dir, operator);
-        blocking(move || list_state_files(&dir)).await
+    async fn list_state(&mut self, operator: u32) -> Result<Vec<StateFileId>, CheckpointError> {
+        let dir = self.dir.clone();
+        blocking(move || list_state_files(&dir, operator)).await
     }
 
     async fn read_state(
         &mut self,
         operator: u32,
-        version: BatchId,
-        kind: StateFileKind,
+        file: StateFileId,
     ) -> Result<StateFile, CheckpointError> {
-        let path = self.state_path(operator, version, kind);
+        let path = self.state_path(operator, file);
         blocking(move || {
             let bytes = fs::read(&path).map_err(CheckpointError::io("reading", &path))?;
             Ok(StateFile {
                 operator,
-                version,
-                kind,
+                partition: file.partition,
+                version: file.version,
+                kind: file.kind,
                 bytes,
                 location: path.display().to_string(),
             })
@@ -433,11 +437,11 @@ impl OffsetStore for Checkpoint {
     async fn remove_state(
         &mut self,
         operator: u32,
-        files: &[(BatchId, StateFileKind)],
+        files: &[StateFileId],
     ) -> Result<(), CheckpointError> {
         let paths: Vec<PathBuf> = files
             .iter()
-            .map(|(v, k)| self.state_path(operator, *v, *k))
+            .map(|f| self.state_path(operator, *f))
             .collect();
         blocking(move || {
             for path in paths {
@@ -452,10 +456,8 @@ impl OffsetStore for Checkpoint {
         .await
     }
 
-    fn describe_state(&self, operator: u32, version: BatchId, kind: StateFileKind) -> String {
-        self.state_path(operator, version, kind)
-            .display()
-            .to_string()
+    fn describe_state(&self, operator: u32, file: StateFileId) -> String {
+        self.state_path(operator, file).display().to_string()
     }
 
     fn describe(&self, log: Log, batch: BatchId) -> String {
@@ -521,16 +523,48 @@ fn list_dir_names(dir: &Path) -> Result<Vec<String>, CheckpointError> {
     }
 }
 
-fn state_dir(checkpoint: &Path, operator: u32) -> PathBuf {
+fn state_file_path(checkpoint: &Path, operator: u32, file: StateFileId) -> PathBuf {
     checkpoint
         .join("state")
         .join(operator.to_string())
-        .join("0")
+        .join(file.partition.to_string())
+        .join(format!("{}.{}", file.version, file.kind.extension()))
 }
 
-/// The versions and kinds of an operator's state files; leftover temporary
+/// An operator's state files in every partition directory; leftover temporary
 /// files and other names are not state.
-fn list_state_files(dir: &Path) -> Result<Vec<(BatchId, StateFileKind)>, CheckpointError> {
+fn list_state_files(checkpoint: &Path, operator: u32) -> Result<Vec<StateFileId>, CheckpointError> {
+    let operator_dir = checkpoint.join("state").join(operator.to_string());
+    let mut files = Vec::new();
+    if !operator_dir.is_dir() {
+        return Ok(files);
+    }
+    for name in list_dir_names(&operator_dir)? {
+        let dir = operator_dir.join(&name);
+        match name.parse::<u32>() {
+            Ok(partition) if partition.to_string() == name && dir.is_dir() => {
+                files.extend(
+                    list_partition_files(&dir)?
+                        .into_iter()
+                        .map(|(version, kind)| StateFileId {
+                            partition,
+                            version,
+                            kind,
+                        }),
+                );
+            }
+            _ => tracing::warn!(
+                path = %dir.display(),
+                "ignoring an entry that is not a state partition"
+            ),
+        }
+    }
+    files.sort_unstable();
+    Ok(files)
+}
+
+/// The versions and kinds of the state files in one partition's directory.
+fn list_partition_files(dir: &Path) -> Result<Vec<(BatchId, StateFileKind)>, CheckpointError> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -68,6 +68,24 @@ where
         /// What to do when the query was stateless before.
         hint: String,
     },
+    /// The stored state is split into other partitions than the query's.
+    #[error(
+        "the state of operator {operator} at batch {version} is split into partitions \
+         {stored:?}, and the query has {configured}: a checkpoint keeps the partitions its state \
+         was written with, so set `[query] state_partitions = {}` again, or give the query a new \
+         checkpoint",
+        .stored.len()
+    )]
+    StatePartitions {
+        /// The operator.
+        operator: u32,
+        /// The version that was to be restored.
+        version: u64,
+        /// The partitions stored at that version.
+        stored: Vec<u32>,
+        /// The partitions the query has.
+        configured: u32,
+    },
     /// A plan that could not be built from the offsets (a bug or a hand-edited store).
     #[error("cannot plan batch {batch}: {reason}")]
     Plan {

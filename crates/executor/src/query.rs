@@ -8,8 +8,9 @@ use sluice_offsets::{
     BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss,
     DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetStore,
     PartitionOffsets, PassThrough, Processed, Processor, RecordChunk, Recovery, Sink, Source,
-    StartingOffsets, StateFileKind, TopicPartition, apply_data_loss_policy, classify_batch,
-    purge_threshold, rate_limit, should_run_batch, state_files_to_load, state_files_to_purge,
+    StartingOffsets, StateFileId, StateFileKind, StateGap, TopicPartition, apply_data_loss_policy,
+    classify_batch, purge_threshold, rate_limit, should_run_batch, snapshot_due, state_files_for,
+    state_files_to_purge_in,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -172,11 +173,14 @@ struct Streamed {
 /// What writing a batch's state took.
 #[derive(Default)]
 struct StateWritten {
-    /// Encoding its files.
+    /// Encoding its deltas.
     encode_micros: u64,
     /// Writing them durably.
     micros: u64,
     bytes: u64,
+    /// Encoding and writing the snapshots after the commit, when due.
+    snapshot_micros: u64,
+    snapshot_bytes: u64,
 }
 
 /// A batch ready to execute, with the phases timed so far.
@@ -528,7 +532,7 @@ where
             planned.losses.extend(streamed.losses);
 
             let t = Instant::now();
-            let state = self.write_state(batch).await?;
+            let mut state = self.write_state(batch).await?;
             self.processor
                 .commit_state(batch)
                 .await
@@ -544,6 +548,9 @@ where
                 Store::is_transient,
                 ExecutorError::Store
             )?;
+            if self.processor.state_operators() > 0 && snapshot_due(batch) {
+                self.write_snapshots(batch, &mut state).await;
+            }
             let end = planned.plan.end_offsets();
             if let Err(e) = self.source.commit_progress(&end).await {
                 // Only lag monitors read the group's offsets; the store holds the truth.
@@ -585,6 +592,8 @@ where
                         ("stateFileBytes".to_owned(), state.bytes),
                         ("commitTimeMicros".to_owned(), state.micros),
                         ("encodeTimeMicros".to_owned(), state.encode_micros),
+                        ("snapshotTimeMicros".to_owned(), state.snapshot_micros),
+                        ("snapshotFileBytes".to_owned(), state.snapshot_bytes),
                     ]),
                 })
                 .collect();
@@ -611,8 +620,9 @@ where
         .await
     }
 
-    /// Rebuilds each stateful operator's state at `version` from the store:
-    /// its newest snapshot up to the version and the deltas after it.
+    /// Rebuilds each stateful operator's state at `version` from the store: in
+    /// each partition its newest snapshot up to the version and the deltas after
+    /// it.
     async fn restore_state(
         &mut self,
         version: Option<BatchId>,
@@ -626,30 +636,44 @@ where
         if let Some(version) = version {
             for operator in 0..operators {
                 let stored = self.stored_state(operator).await?;
-                let wanted = state_files_to_load(&stored, version).map_err(|missing| {
-                    ExecutorError::StateMissing {
-                        operator,
-                        version: version.0,
-                        location: self.store.describe_state(
+                let partitions = self.processor.state_partitions();
+                let wanted =
+                    state_files_for(&stored, partitions, version).map_err(|gap| match gap {
+                        StateGap::Missing {
+                            partition,
+                            version: missing,
+                        } => ExecutorError::StateMissing {
                             operator,
-                            missing,
-                            StateFileKind::Delta,
-                        ),
-                        hint: if stored.is_empty() {
-                            "; batches that ran while the query was stateless have no state: \
-                             give the stateful query a new checkpoint, or start it afresh with \
-                             `sluice offsets set --reset-state`"
-                                .to_owned()
-                        } else {
-                            String::new()
+                            version: version.0,
+                            location: self.store.describe_state(
+                                operator,
+                                StateFileId {
+                                    partition,
+                                    version: missing,
+                                    kind: StateFileKind::Delta,
+                                },
+                            ),
+                            hint: if stored.is_empty() {
+                                "; batches that ran while the query was stateless have no \
+                                 state: give the stateful query a new checkpoint, or start it \
+                                 afresh with `sluice offsets set --reset-state`"
+                                    .to_owned()
+                            } else {
+                                String::new()
+                            },
                         },
-                    }
-                })?;
-                for (v, kind) in wanted {
+                        StateGap::Partitions { stored } => ExecutorError::StatePartitions {
+                            operator,
+                            version: version.0,
+                            stored,
+                            configured: partitions,
+                        },
+                    })?;
+                for id in wanted {
                     files.push(retrying!(
                         retry,
                         "reading state",
-                        self.store.read_state(operator, v, kind),
+                        self.store.read_state(operator, id),
                         Store::is_transient,
                         ExecutorError::Store
                     )?);
@@ -666,11 +690,11 @@ where
             .map_err(ExecutorError::Process)
     }
 
-    /// The versions and kinds of `operator`'s state files in the store.
+    /// `operator`'s state files in the store.
     async fn stored_state(
         &mut self,
         operator: u32,
-    ) -> Result<Vec<(BatchId, StateFileKind)>, QueryError<Src, Store, Proc, Snk, Dead>> {
+    ) -> Result<Vec<StateFileId>, QueryError<Src, Store, Proc, Snk, Dead>> {
         let retry = self.options.retry;
         retrying!(
             retry,
@@ -709,7 +733,42 @@ where
             encode_micros,
             micros: micros(t.elapsed()),
             bytes,
+            ..StateWritten::default()
         })
+    }
+
+    /// Writes snapshots of the committed `batch`'s state. The deltas hold the
+    /// same, so a snapshot that cannot be written is a warning: the next restart
+    /// reads more deltas, and the next due snapshot tries again.
+    async fn write_snapshots(&mut self, batch: BatchId, written: &mut StateWritten) {
+        let t = Instant::now();
+        let files = match self.processor.state_snapshots(batch) {
+            Ok(files) => files,
+            Err(e) => {
+                tracing::warn!(batch = batch.0, error = %e, "encoding a state snapshot failed");
+                return;
+            }
+        };
+        let retry = self.options.retry;
+        for file in &files {
+            let stored: Result<(), QueryError<Src, Store, Proc, Snk, Dead>> = retrying!(
+                retry,
+                "writing a state snapshot",
+                self.store.write_state(file),
+                Store::is_transient,
+                ExecutorError::Store
+            );
+            match stored {
+                Ok(()) => written.snapshot_bytes += file.bytes.len() as u64,
+                Err(e) => tracing::warn!(
+                    batch = batch.0,
+                    operator = file.operator,
+                    error = %e,
+                    "writing a state snapshot failed; a restart reads the deltas instead"
+                ),
+            }
+        }
+        written.snapshot_micros = micros(t.elapsed());
     }
 
     /// Removes the state files no retained batch can start from.
@@ -720,7 +779,7 @@ where
         let retry = self.options.retry;
         for operator in 0..self.processor.state_operators() {
             let stored = self.stored_state(operator).await?;
-            let old = state_files_to_purge(&stored, keep_from);
+            let old = state_files_to_purge_in(&stored, keep_from);
             if !old.is_empty() {
                 retrying!(
                     retry,

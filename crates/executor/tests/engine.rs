@@ -8,7 +8,7 @@ use sluice_executor::{ExecutorError, Query, QueryOptions, QueryProgress, Trigger
 use sluice_offsets::{
     BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, Log, Offset, OffsetBounds, OffsetRange,
     OffsetStore, PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets, StateFile,
-    StateFileKind, StoredBatches, TimestampType, TopicPartition,
+    StateFileId, StateFileKind, StoredBatches, TimestampType, TopicPartition,
 };
 use tokio::sync::watch;
 
@@ -164,13 +164,15 @@ impl Source for MemSource {
 }
 
 /// A state file's key in [`MemStore`].
-type StateKey = (u32, BatchId, StateFileKind);
+type StateKey = (u32, u32, BatchId, StateFileKind);
 
 #[derive(Clone, Default)]
 struct MemStore {
     plans: Arc<Mutex<BTreeMap<BatchId, BatchPlan>>>,
     commits: Arc<Mutex<BTreeMap<BatchId, BatchCommit>>>,
     state: Arc<Mutex<BTreeMap<StateKey, Vec<u8>>>>,
+    /// Refuse every snapshot, as a full or failing disk would.
+    refuse_snapshots: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl OffsetStore for MemStore {
@@ -215,64 +217,76 @@ impl OffsetStore for MemStore {
     }
 
     async fn write_state(&mut self, file: &StateFile) -> Result<(), TestError> {
+        if file.kind == StateFileKind::Snapshot
+            && self
+                .refuse_snapshots
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(TestError("no space left for a snapshot".into()));
+        }
         self.state
             .lock()
             .unwrap()
-            .entry((file.operator, file.version, file.kind))
+            .entry((file.operator, file.partition, file.version, file.kind))
             .or_insert_with(|| file.bytes.clone());
         Ok(())
     }
 
-    async fn list_state(
-        &mut self,
-        operator: u32,
-    ) -> Result<Vec<(BatchId, StateFileKind)>, TestError> {
+    async fn list_state(&mut self, operator: u32) -> Result<Vec<StateFileId>, TestError> {
         Ok(self
             .state
             .lock()
             .unwrap()
             .keys()
             .filter(|k| k.0 == operator)
-            .map(|k| (k.1, k.2))
+            .map(|k| StateFileId {
+                partition: k.1,
+                version: k.2,
+                kind: k.3,
+            })
             .collect())
     }
 
     async fn read_state(
         &mut self,
         operator: u32,
-        version: BatchId,
-        kind: StateFileKind,
+        file: StateFileId,
     ) -> Result<StateFile, TestError> {
+        let location = self.describe_state(operator, file);
         let bytes = self
             .state
             .lock()
             .unwrap()
-            .get(&(operator, version, kind))
+            .get(&(operator, file.partition, file.version, file.kind))
             .cloned()
-            .ok_or_else(|| TestError(format!("no state {operator} {version} {kind:?}")))?;
+            .ok_or_else(|| TestError(format!("no {location}")))?;
         Ok(StateFile {
             operator,
-            version,
-            kind,
+            partition: file.partition,
+            version: file.version,
+            kind: file.kind,
             bytes,
-            location: self.describe_state(operator, version, kind),
+            location,
         })
     }
 
     async fn remove_state(
         &mut self,
         operator: u32,
-        files: &[(BatchId, StateFileKind)],
+        files: &[StateFileId],
     ) -> Result<(), TestError> {
         let mut state = self.state.lock().unwrap();
-        for (version, kind) in files {
-            state.remove(&(operator, *version, *kind));
+        for f in files {
+            state.remove(&(operator, f.partition, f.version, f.kind));
         }
         Ok(())
     }
 
-    fn describe_state(&self, operator: u32, version: BatchId, kind: StateFileKind) -> String {
-        format!("state {operator} {version} {kind:?}")
+    fn describe_state(&self, operator: u32, file: StateFileId) -> String {
+        format!(
+            "state {operator} {} {} {:?}",
+            file.partition, file.version, file.kind
+        )
     }
 
     fn describe(&self, log: Log, batch: BatchId) -> String {
@@ -1036,18 +1050,15 @@ impl sluice_offsets::Processor for CountingProcessor {
     }
 
     fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, TestError> {
-        let file = |kind, n: u64| StateFile {
-            operator: 0,
-            version: batch,
-            kind,
-            bytes: n.to_be_bytes().to_vec(),
-            location: String::new(),
-        };
-        let mut files = vec![file(StateFileKind::Delta, self.batch)];
-        if (batch.0 + 1).is_multiple_of(sluice_offsets::SNAPSHOT_EVERY) {
-            files.push(file(StateFileKind::Snapshot, self.committed + self.batch));
-        }
-        Ok(files)
+        Ok(vec![counter_file(batch, StateFileKind::Delta, self.batch)])
+    }
+
+    fn state_snapshots(&mut self, batch: BatchId) -> Result<Vec<StateFile>, TestError> {
+        Ok(vec![counter_file(
+            batch,
+            StateFileKind::Snapshot,
+            self.committed,
+        )])
     }
 
     fn restore_state(
@@ -1066,6 +1077,18 @@ impl sluice_offsets::Processor for CountingProcessor {
     async fn commit_state(&mut self, _batch: BatchId) -> Result<(), TestError> {
         self.committed += self.batch;
         Ok(())
+    }
+}
+
+/// A state file holding one counter.
+fn counter_file(version: BatchId, kind: StateFileKind, n: u64) -> StateFile {
+    StateFile {
+        operator: 0,
+        partition: 0,
+        version,
+        kind,
+        bytes: n.to_be_bytes().to_vec(),
+        location: String::new(),
     }
 }
 
@@ -1096,7 +1119,7 @@ async fn state_is_durable_before_each_commit_restored_on_restart_and_purged_to_w
         .lock()
         .unwrap()
         .keys()
-        .map(|k| (k.1, k.2))
+        .map(|k| (k.2, k.3))
         .collect();
     let mut expected = vec![(BatchId(19), StateFileKind::Snapshot)];
     for v in 20..=33 {
@@ -1127,7 +1150,7 @@ async fn state_is_durable_before_each_commit_restored_on_restart_and_purged_to_w
         .state
         .lock()
         .unwrap()
-        .get(&(0, BatchId(34), StateFileKind::Delta))
+        .get(&(0, 0, BatchId(34), StateFileKind::Delta))
         .cloned()
         .unwrap();
     assert_eq!(u64::from_be_bytes(snapshot.try_into().unwrap()), 1);
@@ -1137,7 +1160,7 @@ async fn state_is_durable_before_each_commit_restored_on_restart_and_purged_to_w
         .state
         .lock()
         .unwrap()
-        .remove(&(0, BatchId(32), StateFileKind::Delta));
+        .remove(&(0, 0, BatchId(32), StateFileKind::Delta));
     let mut query = Query::with_processor(
         opts,
         "q".into(),
@@ -1149,7 +1172,57 @@ async fn state_is_durable_before_each_commit_restored_on_restart_and_purged_to_w
     );
     let err = query.run(never_stop(), |_| {}).await.unwrap_err();
     assert!(
-        err.to_string().contains("state 0 32 Delta is missing"),
+        err.to_string().contains("state 0 0 32 Delta is missing"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn a_snapshot_that_cannot_be_written_leaves_the_query_running_on_deltas() {
+    let source = MemSource::with(&[(0, 100)]);
+    let store = MemStore::default();
+    store
+        .refuse_snapshots
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let opts = QueryOptions {
+        min_batches_to_retain: 5,
+        ..options(Trigger::AvailableNow, Some(3))
+    };
+    let run = |processor| {
+        let mut query = Query::with_processor(
+            opts.clone(),
+            "q".into(),
+            source.clone(),
+            store.clone(),
+            processor,
+            MemSink::default(),
+            MemSink::default(),
+        );
+        async move { query.run(never_stop(), |_| {}).await }
+    };
+    let summary = run(CountingProcessor::default()).await.unwrap();
+    assert_eq!(summary.batches, 34);
+    // With no snapshot to start from, no delta may be purged.
+    let kept: Vec<StateKey> = store.state.lock().unwrap().keys().copied().collect();
+    let deltas: Vec<StateKey> = (0..34)
+        .map(|v| (0, 0, BatchId(v), StateFileKind::Delta))
+        .collect();
+    assert_eq!(kept, deltas);
+
+    // A restart rebuilds the total from all 34 deltas: the snapshot after batch
+    // 39, once the store takes snapshots again, counts every record.
+    store
+        .refuse_snapshots
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    source.logs.lock().unwrap().insert(tp(0), (0, 118));
+    let summary = run(CountingProcessor::default()).await.unwrap();
+    assert_eq!(summary.batches, 6);
+    let snapshot = store
+        .state
+        .lock()
+        .unwrap()
+        .get(&(0, 0, BatchId(39), StateFileKind::Snapshot))
+        .cloned()
+        .expect("the snapshot after batch 39");
+    assert_eq!(u64::from_be_bytes(snapshot.try_into().unwrap()), 118);
 }

@@ -55,7 +55,8 @@ pub use starting::{
     TimestampFallback, parse_starting_offsets,
 };
 pub use state::{
-    SNAPSHOT_EVERY, StateFile, StateFileKind, StateOperatorStats, state_files_to_load,
-    state_files_to_purge,
+    SNAPSHOT_EVERY, StateFile, StateFileId, StateFileKind, StateGap, StateOperatorStats,
+    snapshot_due, state_files_for, state_files_to_load, state_files_to_purge,
+    state_files_to_purge_in,
 };
 pub use store::{OffsetStore, StoredBatches};

@@ -94,16 +94,31 @@ pub trait Processor: Send {
         0
     }
 
-    /// The state files of the batch just finished, one or more per operator, for
-    /// the executor to make durable before the batch's commit.
+    /// How many partitions each stateful operator splits its keys into: fixed
+    /// for a checkpoint, as the stored state is split so.
+    fn state_partitions(&self) -> u32 {
+        1
+    }
+
+    /// The state deltas of the batch just finished, one per operator and
+    /// partition, for the executor to make durable before the batch's commit.
     fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, Self::Error> {
         let _ = batch;
         Ok(Vec::new())
     }
 
+    /// Snapshots of each operator's whole state after `batch`, which is
+    /// committed: asked for when [`crate::snapshot_due`], and written after the
+    /// commit, off the way to it.
+    fn state_snapshots(&mut self, batch: BatchId) -> Result<Vec<StateFile>, Self::Error> {
+        let _ = batch;
+        Ok(Vec::new())
+    }
+
     /// Sets the state a restart continues from: version `version`, rebuilt from
-    /// `files` (an operator's snapshot and the deltas after it, in order); `None`
-    /// for a query that starts with empty state.
+    /// `files` (for each operator and partition its snapshot and the deltas after
+    /// it, all ordered by version); `None` for a query that starts with empty
+    /// state.
     fn restore_state(
         &mut self,
         version: Option<BatchId>,

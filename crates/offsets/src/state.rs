@@ -6,11 +6,27 @@
 //! N changed) or a snapshot (all of it), written every
 //! [`SNAPSHOT_EVERY`] versions so that a restart reads a bounded number of files.
 //! The encoding of a file is the processor's; the stores keep bytes.
+//!
+//! An operator's keys are split into state partitions by a hash of the key, as
+//! Spark splits them by its shuffle partitions, so that no single file or
+//! Cassandra partition holds all of a large state. Every batch writes a delta for
+//! every partition (an empty one where no key of it changed), so that each
+//! partition's versions stay contiguous.
+//!
+//! Only the deltas are on the way to a commit. A snapshot repeats what the deltas
+//! before it hold, so it is written after the batch's commit, as Spark's
+//! maintenance task writes them: one that is lost to a crash costs a restart a
+//! few more deltas to read, never data.
 
 use crate::BatchId;
 
 /// How many versions apart snapshots are written.
 pub const SNAPSHOT_EVERY: u64 = 10;
+
+/// Whether a snapshot of the state after `batch` is due.
+pub fn snapshot_due(batch: BatchId) -> bool {
+    (batch.0 + 1).is_multiple_of(SNAPSHOT_EVERY)
+}
 
 /// Whether a state file holds a batch's changes or the whole state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,11 +56,24 @@ impl StateFileKind {
     }
 }
 
+/// Which state file of an operator: its partition, version and kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StateFileId {
+    /// The state partition, numbered from 0.
+    pub partition: u32,
+    /// The batch whose state it is.
+    pub version: BatchId,
+    /// A delta or a snapshot.
+    pub kind: StateFileKind,
+}
+
 /// One stored version of an operator's state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StateFile {
     /// The operator, numbered from 0 in the query.
     pub operator: u32,
+    /// The state partition: which keys it holds.
+    pub partition: u32,
     /// The batch whose state it is.
     pub version: BatchId,
     /// A delta or a snapshot.
@@ -108,6 +137,97 @@ pub fn state_files_to_purge(
         .iter()
         .filter(|(v, k)| *v < base || (*v == base && *k == StateFileKind::Delta))
         .copied()
+        .collect()
+}
+
+impl StateFile {
+    /// Its partition, version and kind.
+    pub fn id(&self) -> StateFileId {
+        StateFileId {
+            partition: self.partition,
+            version: self.version,
+            kind: self.kind,
+        }
+    }
+}
+
+/// Why the stored state of an operator cannot rebuild a version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateGap {
+    /// A file of this partition and version is missing, and no snapshot after it
+    /// makes up for it.
+    Missing {
+        /// The state partition.
+        partition: u32,
+        /// The first missing version.
+        version: BatchId,
+    },
+    /// The version was written with other partitions than the query has.
+    Partitions {
+        /// The partitions the stored version has.
+        stored: Vec<u32>,
+    },
+}
+
+/// Which files rebuild `version` of an operator's state in `partitions`
+/// partitions, from what is stored: for each partition its newest snapshot at or
+/// before the version and the deltas after it, all ordered by version.
+pub fn state_files_for(
+    stored: &[StateFileId],
+    partitions: u32,
+    version: BatchId,
+) -> Result<Vec<StateFileId>, StateGap> {
+    let mut at_version: Vec<u32> = stored
+        .iter()
+        .filter(|f| f.version == version)
+        .map(|f| f.partition)
+        .collect();
+    at_version.sort_unstable();
+    at_version.dedup();
+    if !at_version.is_empty() && !at_version.iter().copied().eq(0..partitions) {
+        return Err(StateGap::Partitions { stored: at_version });
+    }
+    let mut files = Vec::new();
+    for partition in 0..partitions {
+        let mine = of_partition(stored, partition);
+        let wanted = state_files_to_load(&mine, version)
+            .map_err(|version| StateGap::Missing { partition, version })?;
+        files.extend(wanted.into_iter().map(|(version, kind)| StateFileId {
+            partition,
+            version,
+            kind,
+        }));
+    }
+    files.sort_by_key(|f| (f.version, f.kind, f.partition));
+    Ok(files)
+}
+
+/// The stored files of an operator, in any number of partitions, that no
+/// retained batch needs once batches before `keep_from` are purged: each
+/// partition's own, by [`state_files_to_purge`].
+pub fn state_files_to_purge_in(stored: &[StateFileId], keep_from: BatchId) -> Vec<StateFileId> {
+    let mut partitions: Vec<u32> = stored.iter().map(|f| f.partition).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    partitions
+        .into_iter()
+        .flat_map(|partition| {
+            state_files_to_purge(&of_partition(stored, partition), keep_from)
+                .into_iter()
+                .map(move |(version, kind)| StateFileId {
+                    partition,
+                    version,
+                    kind,
+                })
+        })
+        .collect()
+}
+
+fn of_partition(stored: &[StateFileId], partition: u32) -> Vec<(BatchId, StateFileKind)> {
+    stored
+        .iter()
+        .filter(|f| f.partition == partition)
+        .map(|f| (f.version, f.kind))
         .collect()
 }
 
@@ -205,5 +325,81 @@ mod tests {
         }
         // Before the first snapshot nothing can go.
         assert!(state_files_to_purge(&stored, b(9)).is_empty());
+    }
+
+    fn id(partition: u32, version: u64, kind: StateFileKind) -> StateFileId {
+        StateFileId {
+            partition,
+            version: b(version),
+            kind,
+        }
+    }
+
+    #[test]
+    fn every_partition_rebuilds_from_its_own_snapshot_and_the_files_come_in_version_order() {
+        let mut stored: Vec<StateFileId> = (0..3)
+            .flat_map(|p| (0..=12).map(move |v| id(p, v, Delta)))
+            .collect();
+        // Partition 1's snapshot after batch 9 was lost to a crash.
+        stored.extend([id(0, 9, Snapshot), id(2, 9, Snapshot)]);
+        let files = state_files_for(&stored, 3, b(11)).unwrap();
+        assert_eq!(files.first(), Some(&id(1, 0, Delta)));
+        assert_eq!(files.iter().filter(|f| f.partition == 1).count(), 12);
+        assert_eq!(
+            files
+                .iter()
+                .filter(|f| f.partition == 0)
+                .collect::<Vec<_>>(),
+            [&id(0, 9, Snapshot), &id(0, 10, Delta), &id(0, 11, Delta)]
+        );
+        assert!(files.windows(2).all(|w| w[0].version <= w[1].version));
+
+        let gap: Vec<_> = stored
+            .iter()
+            .copied()
+            .filter(|f| *f != id(2, 10, Delta))
+            .collect();
+        assert_eq!(
+            state_files_for(&gap, 3, b(11)),
+            Err(StateGap::Missing {
+                partition: 2,
+                version: b(10)
+            })
+        );
+        // Written with three partitions, asked for with two or four.
+        for partitions in [2, 4] {
+            assert_eq!(
+                state_files_for(&stored, partitions, b(11)),
+                Err(StateGap::Partitions {
+                    stored: vec![0, 1, 2]
+                })
+            );
+        }
+        assert_eq!(
+            state_files_for(&[], 2, b(0)),
+            Err(StateGap::Missing {
+                partition: 0,
+                version: b(0)
+            })
+        );
+    }
+
+    #[test]
+    fn each_partition_is_purged_to_what_rebuilds_it() {
+        let mut stored: Vec<StateFileId> = (0..2)
+            .flat_map(|p| (0..=22).map(move |v| id(p, v, Delta)))
+            .collect();
+        stored.extend([id(0, 9, Snapshot), id(0, 19, Snapshot), id(1, 9, Snapshot)]);
+        let purged = state_files_to_purge_in(&stored, b(21));
+        let left: Vec<_> = stored
+            .iter()
+            .copied()
+            .filter(|f| !purged.contains(f))
+            .collect();
+        assert!(left.iter().all(|f| f.partition == 1 || f.version >= b(19)));
+        assert!(left.contains(&id(1, 9, Snapshot)) && !left.contains(&id(1, 8, Delta)));
+        for version in 20..=22 {
+            assert!(state_files_for(&left, 2, b(version)).is_ok(), "{version}");
+        }
     }
 }

@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use crate::recovery::{Inconsistency, Log, Recovery, decide_recovery};
-use crate::{BatchCommit, BatchId, BatchPlan, PartitionOffsets, StateFile, StateFileKind};
+use crate::{BatchCommit, BatchId, BatchPlan, PartitionOffsets, StateFile, StateFileId};
 
 /// What an offset store holds, as far as a restart needs it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,36 +64,35 @@ pub trait OffsetStore: Send {
     -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Durably writes a state file. One already stored for the same operator,
-    /// version and kind is left as it is: a replayed batch computes the same
+    /// partition, version and kind is left as it is: a replayed batch computes the same
     /// state from the same version before it, so nothing stored is replaced.
     fn write_state(
         &mut self,
         file: &StateFile,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// The state files stored for `operator`, as versions and kinds.
+    /// The state files stored for `operator`, in every partition.
     fn list_state(
         &mut self,
         operator: u32,
-    ) -> impl Future<Output = Result<Vec<(BatchId, StateFileKind)>, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<StateFileId>, Self::Error>> + Send;
 
     /// Reads one state file, with its location filled in.
     fn read_state(
         &mut self,
         operator: u32,
-        version: BatchId,
-        kind: StateFileKind,
+        file: StateFileId,
     ) -> impl Future<Output = Result<StateFile, Self::Error>> + Send;
 
     /// Removes state files that recovery no longer needs.
     fn remove_state(
         &mut self,
         operator: u32,
-        files: &[(BatchId, StateFileKind)],
+        files: &[StateFileId],
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Where a state file lives, for messages.
-    fn describe_state(&self, operator: u32, version: BatchId, kind: StateFileKind) -> String;
+    fn describe_state(&self, operator: u32, file: StateFileId) -> String;
 
     /// Whether `error` may go away by itself (the database restarting, a
     /// timeout), so that the same call is worth trying again. Implementations make

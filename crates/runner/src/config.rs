@@ -57,6 +57,8 @@ pub struct QuerySection {
     pub output_mode: Option<String>,
     /// The most groups an aggregation may hold.
     pub max_state_rows: Option<u64>,
+    /// How many partitions an aggregation's state is split into.
+    pub state_partitions: Option<u32>,
 }
 
 /// `[dead_letter]`: a directory of JSON-lines files, or a Kafka topic.
@@ -308,6 +310,8 @@ pub struct Processing {
     pub output_mode: Option<sluice_sql::OutputMode>,
     /// `[query] max_state_rows`, when set.
     pub max_state_rows: Option<u64>,
+    /// `[query] state_partitions`, when set.
+    pub state_partitions: Option<u32>,
 }
 
 impl Processing {
@@ -317,6 +321,7 @@ impl Processing {
             output_mode: self.output_mode,
             watermark_column: self.watermark.as_ref().map(|(column, _)| column.clone()),
             max_state_rows: self.max_state_rows,
+            state_partitions: self.state_partitions,
         }
     }
 }
@@ -631,12 +636,25 @@ fn settings(config: Config) -> Result<Settings> {
     if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         bail!("source.table {table:?} must be a plain name: letters, digits and underscores");
     }
-    let (sql, output_mode, max_state_rows) = match config.query {
-        Some(query) => (Some(query.sql), query.output_mode, query.max_state_rows),
-        None => (None, None, None),
+    let (sql, output_mode, max_state_rows, state_partitions) = match config.query {
+        Some(query) => (
+            Some(query.sql),
+            query.output_mode,
+            query.max_state_rows,
+            query.state_partitions,
+        ),
+        None => (None, None, None, None),
     };
     if max_state_rows == Some(0) {
         bail!("query.max_state_rows must be at least 1");
+    }
+    if let Some(n) = state_partitions
+        && !(1..=sluice_sql::MAX_STATE_PARTITIONS).contains(&n)
+    {
+        bail!(
+            "query.state_partitions = {n}: it must be from 1 to {}",
+            sluice_sql::MAX_STATE_PARTITIONS
+        );
     }
     let output_mode = match output_mode.as_deref() {
         None => None,
@@ -701,6 +719,7 @@ fn settings(config: Config) -> Result<Settings> {
         watermark,
         output_mode,
         max_state_rows,
+        state_partitions,
     };
 
     let sink = match config.sink.kind.as_str() {

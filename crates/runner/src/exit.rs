@@ -53,7 +53,8 @@ impl Exit {
         let code = match error {
             CassandraStoreError::Location { .. }
             | CassandraStoreError::MissingKeyspace { .. }
-            | CassandraStoreError::MissingTable { .. } => 2,
+            | CassandraStoreError::MissingTable { .. }
+            | CassandraStoreError::OldTable { .. } => 2,
             CassandraStoreError::Fenced { .. }
             | CassandraStoreError::AlreadyExists { .. }
             | CassandraStoreError::CommitWithoutPlan { .. }
@@ -86,6 +87,7 @@ impl Exit {
                 code: 4,
                 error: e.into(),
             },
+            e @ ExecutorError::StatePartitions { .. } => Exit::config(e.into()),
             e @ ExecutorError::BadRecord { .. } => Exit {
                 code: 5,
                 error: e.into(),

@@ -10,8 +10,8 @@ use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_offsets::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, PartitionOffsets, Recovery,
-    StateFile, StateFileKind, StoredBatches, offsets_from_json, offsets_to_json,
-    state_files_to_load,
+    StateFile, StateFileId, StateFileKind, StateGap, StoredBatches, offsets_from_json,
+    offsets_to_json, state_files_for,
 };
 
 use crate::exit::Exit;
@@ -108,10 +108,16 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
                 .context("--offsets must be Spark's offset JSON, like {\"events\":{\"0\":23}}")
                 .map_err(Exit::config)?;
             let location = Location::parse(&checkpoint)?;
-            if location.inspect().await?.is_none() {
+            let Some((_, before)) = location.inspect().await? else {
                 return Err(Exit::config(anyhow!("{checkpoint} holds no query")));
-            }
-            let stateful = !location.inspect_state().await?.is_empty();
+            };
+            let state: Vec<StateFileId> = location
+                .inspect_state()
+                .await?
+                .into_iter()
+                .map(|(f, _)| f)
+                .collect();
+            let stateful = !state.is_empty();
             if stateful && !reset_state {
                 return Err(Exit::config(anyhow!(
                     "{checkpoint} holds a stateful query, whose state was built from the offsets it \
@@ -122,16 +128,21 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
             let mut store = location.open(None, replication).await?;
             let next = store.move_to(&target).await?;
             if stateful {
-                // The moved-to batch's state is empty: the next batch starts from it.
-                store
-                    .write_state(&StateFile {
-                        operator: 0,
-                        version: next,
-                        kind: StateFileKind::Snapshot,
-                        bytes: Vec::new(),
-                        location: String::new(),
-                    })
-                    .await?;
+                // The moved-to batch's state is empty, in the partitions the
+                // state has: the next batch starts from it.
+                let last = before.latest_commit.map(|c| c.id);
+                for partition in 0..stored_partitions(&state, last) {
+                    store
+                        .write_state(&StateFile {
+                            operator: 0,
+                            partition,
+                            version: next,
+                            kind: StateFileKind::Snapshot,
+                            bytes: Vec::new(),
+                            location: String::new(),
+                        })
+                        .await?;
+                }
             }
             println!(
                 "{checkpoint}: the next batch ({}) starts at {}",
@@ -183,18 +194,17 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
             // rebuild the last committed batch's version.
             let source_state = Location::parse(&from)?.inspect_state().await?;
             if !source_state.is_empty() {
-                let listed: Vec<(BatchId, StateFileKind)> =
-                    source_state.iter().map(|(v, k, _)| (*v, *k)).collect();
-                let wanted = state_files_to_load(&listed, latest.id()).map_err(|missing| {
+                let listed: Vec<StateFileId> = source_state.iter().map(|(f, _)| *f).collect();
+                let partitions = stored_partitions(&listed, Some(latest.id()));
+                let wanted = state_files_for(&listed, partitions, latest.id()).map_err(|gap| {
                     Exit::checkpoint_state(anyhow!(
-                        "{from}: the state of batch {} cannot be rebuilt, as version {missing} is \
-                         missing",
+                        "{from}: the state of batch {} cannot be rebuilt: {gap:?}",
                         latest.id()
                     ))
                 })?;
                 let mut source = Location::parse(&from)?.open(None, None).await?;
-                for (version, kind) in wanted {
-                    let file = source.read_state(version, kind).await?;
+                for id in wanted {
+                    let file = source.read_state(id).await?;
                     store.write_state(&file).await?;
                 }
             }
@@ -312,32 +322,59 @@ fn report(location: &str, id: &str, stored: &StoredBatches) -> Value {
 
 /// The state a restart starts from: the version of the last commit, and the
 /// files and bytes that rebuild it.
-fn state_report(stored: &StoredBatches, files: &[(BatchId, StateFileKind, u64)]) -> Value {
-    let listed: Vec<(BatchId, StateFileKind)> = files.iter().map(|(v, k, _)| (*v, *k)).collect();
+fn state_report(stored: &StoredBatches, files: &[(StateFileId, u64)]) -> Value {
+    let listed: Vec<StateFileId> = files.iter().map(|(f, _)| *f).collect();
     let version = stored.latest_commit.as_ref().map(|c| c.id);
-    let needed = version.map(|v| state_files_to_load(&listed, v));
+    let partitions = stored_partitions(&listed, version);
+    let needed = version.map(|v| state_files_for(&listed, partitions, v));
     let (rebuilds, bytes) = match &needed {
         Some(Ok(needed)) => (
             Value::from(needed.len()),
             Value::from(
                 files
                     .iter()
-                    .filter(|(v, k, _)| needed.contains(&(*v, *k)))
-                    .map(|(_, _, b)| b)
+                    .filter(|(f, _)| needed.contains(f))
+                    .map(|(_, b)| b)
                     .sum::<u64>(),
             ),
         ),
         _ => (Value::Null, Value::Null),
     };
+    let missing = match needed {
+        Some(Err(StateGap::Missing { partition, version })) => {
+            json!({"partition": partition, "version": version.0})
+        }
+        _ => Value::Null,
+    };
     json!([{
         "operator": 0,
         "version": version.map(|v| v.0),
-        "missing": needed.and_then(|n| n.err()).map(|v| v.0),
+        "partitions": partitions,
+        "missing": missing,
         "filesToRebuild": rebuilds,
         "bytesToRebuild": bytes,
         "filesStored": files.len(),
-        "bytesStored": files.iter().map(|(_, _, b)| b).sum::<u64>(),
+        "bytesStored": files.iter().map(|(_, b)| b).sum::<u64>(),
     }])
+}
+
+/// How many partitions the stored state has: those with a file at `version`
+/// (every batch writes all of them), or all that have any file.
+fn stored_partitions(files: &[StateFileId], version: Option<BatchId>) -> u32 {
+    let count = |at: Option<BatchId>| {
+        let mut partitions: Vec<u32> = files
+            .iter()
+            .filter(|f| at.is_none_or(|v| f.version == v))
+            .map(|f| f.partition)
+            .collect();
+        partitions.sort_unstable();
+        partitions.dedup();
+        partitions.len() as u32
+    };
+    match count(version) {
+        0 => count(None).max(1),
+        n => n,
+    }
 }
 
 fn offsets_json(offsets: &PartitionOffsets) -> Value {
@@ -389,7 +426,7 @@ impl Location {
 
     /// The state files of the query's stateful operator, with their sizes,
     /// read without taking the query over.
-    async fn inspect_state(&self) -> Result<Vec<(BatchId, StateFileKind, u64)>, Exit> {
+    async fn inspect_state(&self) -> Result<Vec<(StateFileId, u64)>, Exit> {
         match self {
             Location::Directory(dir) => Checkpoint::inspect_state(dir, 0).map_err(Exit::checkpoint),
             Location::Cassandra(location) => {
@@ -477,20 +514,10 @@ impl Writer {
         }
     }
 
-    async fn read_state(
-        &mut self,
-        version: BatchId,
-        kind: StateFileKind,
-    ) -> Result<StateFile, Exit> {
+    async fn read_state(&mut self, file: StateFileId) -> Result<StateFile, Exit> {
         match self {
-            Writer::Directory(s) => s
-                .read_state(0, version, kind)
-                .await
-                .map_err(Exit::checkpoint),
-            Writer::Cassandra(s) => s
-                .read_state(0, version, kind)
-                .await
-                .map_err(Exit::cassandra),
+            Writer::Directory(s) => s.read_state(0, file).await.map_err(Exit::checkpoint),
+            Writer::Cassandra(s) => s.read_state(0, file).await.map_err(Exit::cassandra),
         }
     }
 

@@ -23,7 +23,7 @@ pub use ddl::parse_ddl;
 pub use decode::{AvroFormat, AvroWire, BadRecord, Decoded, Decoder, Format};
 pub use error::SqlError;
 pub use processor::SqlProcessor;
-pub use query::{DEFAULT_MAX_STATE_ROWS, QueryOptions, StreamQuery};
+pub use query::{DEFAULT_MAX_STATE_ROWS, MAX_STATE_PARTITIONS, QueryOptions, StreamQuery};
 pub use sluice_state::{OutputMode, StateStats};
 
 /// Arrow, as this crate uses it, for the crates that take its rows.

@@ -4,7 +4,7 @@ use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
 use sluice_offsets::{
     BatchId, BatchMetadata, ERROR_HEADER, EventTimeStats, Processed, Processor, RecordChunk,
-    RecordParts, SNAPSHOT_EVERY, StateFile, StateFileKind, StateOperatorStats,
+    RecordParts, StateFile, StateFileKind, StateOperatorStats,
 };
 
 use crate::{BadRecord, Decoder, SqlError, StreamQuery};
@@ -206,6 +206,10 @@ impl Processor for SqlProcessor {
         u32::from(self.query.as_ref().is_some_and(StreamQuery::is_stateful))
     }
 
+    fn state_partitions(&self) -> u32 {
+        self.query.as_ref().map_or(1, StreamQuery::state_partitions)
+    }
+
     fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, SqlError> {
         let Some(aggregation) = self.query.as_ref().and_then(StreamQuery::aggregation_ref) else {
             return Ok(Vec::new());
@@ -213,22 +217,27 @@ impl Processor for SqlProcessor {
         let Some(delta) = aggregation.pending_delta() else {
             return Ok(Vec::new());
         };
-        let file = |kind, table: &RecordBatch| -> Result<StateFile, SqlError> {
-            Ok(StateFile {
-                operator: 0,
-                version: batch,
-                kind,
-                bytes: sluice_state::encode(table)?,
-                location: String::new(),
-            })
+        partitioned_files(
+            aggregation,
+            delta,
+            self.state_partitions(),
+            batch,
+            StateFileKind::Delta,
+        )
+    }
+
+    fn state_snapshots(&mut self, batch: BatchId) -> Result<Vec<StateFile>, SqlError> {
+        let Some(aggregation) = self.query.as_ref().and_then(StreamQuery::aggregation_ref) else {
+            return Ok(Vec::new());
         };
-        let mut files = vec![file(StateFileKind::Delta, delta)?];
-        if (batch.0 + 1).is_multiple_of(SNAPSHOT_EVERY)
-            && let Some(snapshot) = aggregation.pending_snapshot()
-        {
-            files.push(file(StateFileKind::Snapshot, &snapshot?)?);
-        }
-        Ok(files)
+        let table = aggregation.committed_snapshot()?;
+        partitioned_files(
+            aggregation,
+            &table,
+            self.state_partitions(),
+            batch,
+            StateFileKind::Snapshot,
+        )
     }
 
     fn restore_state(
@@ -385,6 +394,32 @@ fn rows_to_records(records: usize, bad: &[BadRecord]) -> Vec<usize> {
     let mut bad = bad.iter().map(|b| b.index).peekable();
     (0..records)
         .filter(|index| bad.next_if_eq(index).is_none())
+        .collect()
+}
+
+/// A state table as one file per partition; a partition that the table has no
+/// row of gets a file without rows, so that every partition has every version.
+fn partitioned_files(
+    aggregation: &sluice_state::Aggregation,
+    table: &RecordBatch,
+    partitions: u32,
+    version: BatchId,
+    kind: StateFileKind,
+) -> Result<Vec<StateFile>, SqlError> {
+    aggregation
+        .split_by_partition(table, partitions)?
+        .iter()
+        .enumerate()
+        .map(|(partition, part)| {
+            Ok(StateFile {
+                operator: 0,
+                partition: partition as u32,
+                version,
+                kind,
+                bytes: sluice_state::encode(part)?,
+                location: String::new(),
+            })
+        })
         .collect()
 }
 
@@ -851,7 +886,8 @@ mod aggregate_tests {
     use super::stateful_tests::text as rows;
 
     /// `sql` over orders 0..60 in three batches, a fresh processor restored from
-    /// the state files before each, in complete mode: the last batch's rows.
+    /// the state files before each (the second's deltas, then the snapshot after
+    /// it), in complete mode: the last batch's rows.
     async fn in_batches(sql: &str) -> Vec<String> {
         let options = QueryOptions {
             output_mode: Some(OutputMode::Complete),
@@ -871,6 +907,10 @@ mod aggregate_tests {
             p.finish_batch(BatchId(id as u64), &mut out).await.unwrap();
             files.extend(p.state_files(BatchId(id as u64)).unwrap());
             p.commit_state(BatchId(id as u64)).await.unwrap();
+            if id == 1 {
+                // The last batch starts from a snapshot in place of the deltas.
+                files = p.state_snapshots(BatchId(1)).unwrap();
+            }
             last = rows(&out.rows);
         }
         last

@@ -44,6 +44,7 @@ struct Stateful {
     aggregation: Aggregation,
     upper: Arc<dyn ExecutionPlan>,
     upper_slot: Arc<Slot>,
+    partitions: u32,
 }
 
 /// How a query runs, beyond its SQL.
@@ -57,10 +58,17 @@ pub struct QueryOptions {
     /// The most groups an aggregation may hold; `None` for
     /// [`DEFAULT_MAX_STATE_ROWS`].
     pub max_state_rows: Option<u64>,
+    /// How many partitions the state is split into, by a hash of the group
+    /// key; `None` for one.
+    pub state_partitions: Option<u32>,
 }
 
 /// How many groups an aggregation holds at most unless told otherwise.
 pub const DEFAULT_MAX_STATE_ROWS: u64 = 10_000_000;
+
+/// The most state partitions a query may have: each is a file (or Cassandra
+/// partition) written every batch.
+pub const MAX_STATE_PARTITIONS: u32 = 256;
 
 impl std::fmt::Debug for StreamQuery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -196,6 +204,7 @@ impl StreamQuery {
                 aggregation,
                 upper,
                 upper_slot,
+                partitions: options.state_partitions.unwrap_or(1).max(1),
             }),
         })
     }
@@ -216,6 +225,11 @@ impl StreamQuery {
 
     pub(crate) fn aggregation_ref(&self) -> Option<&Aggregation> {
         self.stateful.as_ref().map(|s| &s.aggregation)
+    }
+
+    /// How many partitions the aggregation's state is split into.
+    pub fn state_partitions(&self) -> u32 {
+        self.stateful.as_ref().map_or(1, |s| s.partitions)
     }
 
     /// Ends a batch of a query that aggregates: the rows its output mode emits

@@ -666,20 +666,36 @@ impl Aggregation {
         self.pending.as_ref().map(|p| &p.delta)
     }
 
-    /// The whole state after the finished batch, as a snapshot file's table.
-    pub fn pending_snapshot(&self) -> Option<Result<RecordBatch, StateError>> {
-        let pending = self.pending.as_ref()?;
-        let all: Vec<u32> = (0..pending.version.table.num_rows() as u32).collect();
-        Some(self.snapshot_of(&pending.version.table, &all))
-    }
-
-    fn snapshot_of(&self, table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, StateError> {
-        let chosen = take_rows(table, rows)?;
+    /// The whole committed state, as a snapshot file's table.
+    pub fn committed_snapshot(&self) -> Result<RecordBatch, StateError> {
+        let table = &self.committed.table;
         let mut columns: Vec<ArrayRef> =
-            vec![Arc::new(Int8Array::from(vec![OP_WRITE; chosen.num_rows()]))];
-        columns.extend(chosen.columns().iter().cloned());
+            vec![Arc::new(Int8Array::from(vec![OP_WRITE; table.num_rows()]))];
+        columns.extend(table.columns().iter().cloned());
         RecordBatch::try_new(self.file_schema.clone(), columns)
             .map_err(|e| internal("a state snapshot", e))
+    }
+
+    /// Splits a state file's table (a delta or a snapshot) into `partitions`
+    /// tables, by [`partition_of`] each row's group key.
+    pub fn split_by_partition(
+        &self,
+        file: &RecordBatch,
+        partitions: u32,
+    ) -> Result<Vec<RecordBatch>, StateError> {
+        if partitions <= 1 {
+            return Ok(vec![file.clone()]);
+        }
+        let keys = self.parts.group_exprs.len();
+        let rows = self
+            .converter
+            .convert_columns(&file.columns()[1..=keys])
+            .map_err(|e| internal("state keys", e))?;
+        let mut chosen: Vec<Vec<u32>> = vec![Vec::new(); partitions as usize];
+        for (r, row) in rows.iter().enumerate() {
+            chosen[partition_of(row.as_ref(), partitions) as usize].push(r as u32);
+        }
+        chosen.iter().map(|rows| take_rows(file, rows)).collect()
     }
 
     /// Makes the finished batch's state the one the next batch starts from.
@@ -775,6 +791,15 @@ impl Aggregation {
     }
 }
 
+/// The state partition of a group key, given in Arrow's row format: FNV-1a over
+/// its bytes, so that it is the same in every process and on every machine.
+pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
+    let hash = key.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % u64::from(partitions.max(1))) as u32
+}
+
 /// The event times of a timestamp column, in epoch milliseconds.
 fn time_ms(column: &ArrayRef) -> Result<arrow::array::Int64Array, StateError> {
     let ms = arrow::compute::cast(column, &DataType::Timestamp(TimeUnit::Millisecond, None))
@@ -813,4 +838,30 @@ pub fn window_bounds_ms(
 fn take_rows(table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, StateError> {
     let indices = UInt32Array::from(rows.to_vec());
     arrow::compute::take_record_batch(table, &indices).map_err(|e| internal("taking groups", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+
+    #[test]
+    fn a_key_lands_in_the_same_partition_on_every_run() {
+        // Partitioned state on disk was split by these values: a change to the
+        // hash or to Arrow's row format would put a stored key in another
+        // partition than the one its later changes go to.
+        let converter = RowConverter::new(vec![
+            SortField::new(DataType::Utf8),
+            SortField::new(DataType::Int64),
+        ])
+        .unwrap();
+        let keys: [ArrayRef; 2] = [
+            Arc::new(StringArray::from(vec!["alice", "bob", "carol", "dave"])),
+            Arc::new(Int64Array::from(vec![1, 2, 3, 4])),
+        ];
+        let rows = converter.convert_columns(&keys).unwrap();
+        let got: Vec<u32> = rows.iter().map(|r| partition_of(r.as_ref(), 8)).collect();
+        assert_eq!(got, [0, 2, 1, 4]);
+        assert!(rows.iter().all(|r| partition_of(r.as_ref(), 1) == 0));
+    }
 }

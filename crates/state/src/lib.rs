@@ -18,4 +18,6 @@ mod groups;
 
 pub use error::StateError;
 pub use file::{decode, encode};
-pub use groups::{AggregateParts, Aggregation, Eviction, OutputMode, StateStats, window_bounds_ms};
+pub use groups::{
+    AggregateParts, Aggregation, Eviction, OutputMode, StateStats, partition_of, window_bounds_ms,
+};
