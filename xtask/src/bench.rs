@@ -6,6 +6,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -172,6 +174,11 @@ struct Run {
     commit_offsets_ms: Vec<f64>,
     /// Making each batch's state durable, for a stateful query.
     state_commit_ms: Vec<f64>,
+    /// Writing the snapshots of the batches that had one, after their commits.
+    snapshot_ms: Vec<f64>,
+    /// The disk's own: the same atomic write of a delta-sized file, timed by
+    /// the bench beside the run.
+    disk_ms: Vec<f64>,
     /// The most groups the state held after a batch, and their size in memory.
     state_rows: u64,
     state_bytes: u64,
@@ -362,6 +369,12 @@ fn run_once(
         ),
     )?;
 
+    let stateful = matches!(configuration.sql, Some(("json+watermark", _)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let disk = stateful.then(|| {
+        let (dir, stop) = (dir.join("disk-baseline"), stop.clone());
+        std::thread::spawn(move || disk_baseline(&dir, &stop))
+    });
     let started = Instant::now();
     let mut child = Command::new(sluice)
         .args(["run", "--config"])
@@ -371,6 +384,13 @@ fn run_once(
         .spawn()?;
     let (peak_rss_kib, peak_anon_kib) = watch_memory(&mut child)?;
     let status = child.wait()?;
+    stop.store(true, Ordering::Relaxed);
+    let disk_ms = match disk {
+        Some(thread) => thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the disk baseline thread panicked"))??,
+        None => Vec::new(),
+    };
     let seconds = started.elapsed().as_secs_f64();
     if !status.success() {
         bail!(
@@ -405,6 +425,13 @@ fn run_once(
     let state_commit_ms: Vec<f64> = lines
         .iter()
         .filter_map(|p| p["stateOperators"][0]["customMetrics"]["commitTimeMicros"].as_f64())
+        .map(|us| us / 1000.0)
+        .collect();
+    let snapshot_ms: Vec<f64> = lines
+        .iter()
+        .map(|p| &p["stateOperators"][0]["customMetrics"])
+        .filter(|m| m["snapshotFileBytes"].as_u64().unwrap_or(0) > 0)
+        .filter_map(|m| m["snapshotTimeMicros"].as_f64())
         .map(|us| us / 1000.0)
         .collect();
     let state_rows = state("numRowsTotal").into_iter().fold(0.0, f64::max) as u64;
@@ -475,12 +502,41 @@ fn run_once(
         wal_commit_ms: durations("walCommit"),
         commit_offsets_ms: durations("commitOffsets"),
         state_commit_ms,
+        snapshot_ms,
+        disk_ms,
         state_rows,
         state_bytes,
         peak_rss_kib,
         peak_anon_kib,
         restart_ms,
     })
+}
+
+/// The write a batch's state delta costs, without Sluice: a 48 KiB file (a
+/// 10,000-group delta is 47 KB) written to a temporary name, fsynced, linked
+/// into place and its directory fsynced, every 100 ms (about a batch's pace)
+/// until `stop`. Timed beside the run, so that it meets the same disk.
+fn disk_baseline(dir: &Path, stop: &AtomicBool) -> Result<Vec<f64>> {
+    use std::io::Write;
+    fs::create_dir_all(dir)?;
+    let bytes: Vec<u8> = (0..48 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+    let mut millis = Vec::new();
+    let mut n = 0_u64;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let temp = dir.join(format!(".{n}.tmp"));
+        let mut file = fs::File::create_new(&temp)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        fs::hard_link(&temp, dir.join(format!("{n}.delta")))?;
+        fs::remove_file(&temp)?;
+        fs::File::open(dir)?.sync_all()?;
+        millis.push(started.elapsed().as_secs_f64() * 1000.0);
+        n += 1;
+        sleep(Duration::from_millis(100));
+    }
+    fs::remove_dir_all(dir)?;
+    Ok(millis)
 }
 
 fn location_of(checkpoint_line: &str) -> String {
@@ -618,8 +674,20 @@ fn state_summary(runs: &[Run]) -> Value {
     if commits.is_empty() {
         return Value::Null;
     }
+    let snapshots: Vec<f64> = runs.iter().flat_map(|r| r.snapshot_ms.clone()).collect();
+    let disk: Vec<f64> = runs.iter().flat_map(|r| r.disk_ms.clone()).collect();
     json!({
         "commit_ms": {"p50": percentile(commits.clone(), 0.5), "p99": percentile(commits, 0.99)},
+        "disk_ms": {
+            "p50": percentile(disk.clone(), 0.5),
+            "p99": percentile(disk.clone(), 0.99),
+            "count": disk.len(),
+        },
+        "snapshot_ms": {
+            "p50": percentile(snapshots.clone(), 0.5),
+            "p99": percentile(snapshots.clone(), 0.99),
+            "count": snapshots.len(),
+        },
         "rows": runs.iter().map(|r| r.state_rows).max(),
         "memory_mib": runs.iter().map(|r| r.state_bytes).max().map(|b| b as f64 / 1_048_576.0),
     })
@@ -679,17 +747,25 @@ fn write_markdown(path: &Path, report: &Value, section: &str) -> Result<()> {
     if !stateful.is_empty() {
         table.push_str(
             "\nState of the stateful configurations: the time to make each batch's state \
-             durable (written and fsynced before its commit), and the most groups held after a \
-             batch, with their size in memory, beside the peak RSS.\n\n\
-             | configuration | state commit p50/p99 ms | groups held, most | state in memory MiB | peak RSS MiB |\n\
-             | --- | --- | --- | --- | --- |\n",
+             durable (its delta written and fsynced before its commit); the same write of a \
+             48 KiB file timed by the bench beside each run, every 100 ms (the disk's baseline); \
+             the time to write the snapshot of every tenth batch (after its commit); and the most \
+             groups held after a batch, with their size in memory, beside the peak RSS.\n\n\
+             | configuration | state commit p50/p99 ms | disk baseline p50/p99 ms (writes) | snapshot write p50/p99 ms (count) | groups held, most | state in memory MiB | peak RSS MiB |\n\
+             | --- | --- | --- | --- | --- | --- | --- |\n",
         );
         for c in stateful {
             table.push_str(&format!(
-                "| {} | {:.2} / {:.2} | {} | {:.1} | {:.0} |\n",
+                "| {} | {:.2} / {:.2} | {:.2} / {:.2} ({}) | {:.2} / {:.2} ({}) | {} | {:.1} | {:.0} |\n",
                 c["name"].as_str().unwrap_or_default(),
                 f(&c["state"]["commit_ms"]["p50"]),
                 f(&c["state"]["commit_ms"]["p99"]),
+                f(&c["state"]["disk_ms"]["p50"]),
+                f(&c["state"]["disk_ms"]["p99"]),
+                c["state"]["disk_ms"]["count"],
+                f(&c["state"]["snapshot_ms"]["p50"]),
+                f(&c["state"]["snapshot_ms"]["p99"]),
+                c["state"]["snapshot_ms"]["count"],
                 c["state"]["rows"],
                 f(&c["state"]["memory_mib"]),
                 f(&c["peak_rss_mib"]["median"]),
