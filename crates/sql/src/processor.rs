@@ -1,7 +1,7 @@
 //! The query as the executor's processor: decode, then query, chunk by chunk.
 
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, SchemaRef};
 use sluice_offsets::{
     BatchId, BatchMetadata, ERROR_HEADER, EventTimeStats, Processed, Processor, RecordChunk,
     RecordParts, StateFile, StateFileKind, StateOperatorStats,
@@ -53,12 +53,8 @@ impl EventTime {
 
     /// The rows of `batch` at or after the watermark, and how many were older.
     fn on_time(&self, batch: RecordBatch) -> Result<(RecordBatch, u64), SqlError> {
-        let millis = arrow::compute::cast(
-            batch.column(self.column),
-            &DataType::Timestamp(TimeUnit::Millisecond, None),
-        )
-        .map_err(|e| SqlError::Internal(format!("reading the event time: {e}")))?;
-        let millis = millis.as_primitive::<TimestampMillisecondType>();
+        let millis = sluice_state::epoch_millis(batch.column(self.column))
+            .map_err(|e| SqlError::Internal(format!("reading the event time: {e}")))?;
         let keep: arrow::array::BooleanArray = millis
             .iter()
             .map(|ms| Some(ms.is_none_or(|ms| ms >= self.watermark_ms)))
@@ -74,10 +70,8 @@ impl EventTime {
 
     fn observe(&mut self, batch: &RecordBatch) -> Result<(), SqlError> {
         let column = batch.column(self.column);
-        let millis =
-            arrow::compute::cast(column, &DataType::Timestamp(TimeUnit::Millisecond, None))
-                .map_err(|e| SqlError::Internal(format!("reading the event time: {e}")))?;
-        let millis = millis.as_primitive::<TimestampMillisecondType>();
+        let millis = sluice_state::epoch_millis(column)
+            .map_err(|e| SqlError::Internal(format!("reading the event time: {e}")))?;
         let seen = &mut self.seen;
         for ms in millis.iter().flatten() {
             seen.min_ms = Some(seen.min_ms.map_or(ms, |m| m.min(ms)));

@@ -11,9 +11,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, ListArray, StructArray, TimestampMillisecondArray};
+use arrow::array::{Array, ArrayRef, ListArray, StructArray};
 use arrow::buffer::OffsetBuffer;
-use arrow::datatypes::{DataType, Field, FieldRef, Fields, TimeUnit, TimestampMillisecondType};
+use arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::common::{DataFusionError, Result, ScalarValue, plan_err};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
@@ -248,9 +248,7 @@ impl ScalarUDFImpl for WindowFunction {
         let (length, slide) = self.durations(&refs)?;
         let time_type = args.arg_fields[0].data_type().clone();
         let times = args.args[0].to_array(args.number_rows)?;
-        let millis =
-            arrow::compute::cast(&times, &DataType::Timestamp(TimeUnit::Millisecond, None))?;
-        let millis = millis.as_primitive::<TimestampMillisecondType>();
+        let millis = sluice_state::epoch_millis(&times)?;
         let fields = window_fields(&time_type);
         let sliding = self.kind == WindowKind::Window && args.args.len() == 3;
         if !sliding {
@@ -303,8 +301,7 @@ fn window_array(
     nulls: Option<&arrow::buffer::NullBuffer>,
 ) -> Result<ArrayRef> {
     let as_time = |ms: Vec<Option<i64>>| -> Result<ArrayRef> {
-        let ms: ArrayRef = Arc::new(TimestampMillisecondArray::from(ms));
-        Ok(arrow::compute::cast(&ms, time_type)?)
+        Ok(sluice_state::from_epoch_millis(ms.into(), time_type)?)
     };
     let array = StructArray::try_new(
         fields.clone(),

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Int8Array, RecordBatch, UInt32Array, new_null_array,
 };
-use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef, TimeUnit};
+use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use arrow::row::{RowConverter, SortField};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::GroupsAccumulatorAdapter;
@@ -593,8 +593,7 @@ impl Aggregation {
             other => return Err(internal("a session window", other)),
         };
         let bounds = |values: Vec<Option<i64>>| -> Result<ArrayRef, StateError> {
-            let ms: ArrayRef = Arc::new(arrow::array::TimestampMillisecondArray::from(values));
-            arrow::compute::cast(&ms, &time_type).map_err(execution)
+            crate::from_epoch_millis(values.into(), &time_type).map_err(execution)
         };
         let fields = match table.column(window).data_type() {
             DataType::Struct(fields) => fields.clone(),
@@ -802,10 +801,7 @@ pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
 
 /// The event times of a timestamp column, in epoch milliseconds.
 fn time_ms(column: &ArrayRef) -> Result<arrow::array::Int64Array, StateError> {
-    let ms = arrow::compute::cast(column, &DataType::Timestamp(TimeUnit::Millisecond, None))
-        .and_then(|ms| arrow::compute::cast(&ms, &DataType::Int64))
-        .map_err(execution)?;
-    Ok(ms.as_primitive::<arrow::datatypes::Int64Type>().clone())
+    crate::epoch_millis(column).map_err(execution)
 }
 
 /// A message on one line: its lines joined.
@@ -826,13 +822,7 @@ pub fn window_bounds_ms(
     let window = window
         .as_struct_opt()
         .ok_or_else(|| internal("a window column", window.data_type()))?;
-    let bounds = arrow::compute::cast(
-        window.column(field),
-        &DataType::Timestamp(TimeUnit::Millisecond, None),
-    )
-    .and_then(|ms| arrow::compute::cast(&ms, &DataType::Int64))
-    .map_err(execution)?;
-    Ok(bounds.as_primitive::<arrow::datatypes::Int64Type>().clone())
+    crate::epoch_millis(window.column(field)).map_err(execution)
 }
 
 fn take_rows(table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, StateError> {

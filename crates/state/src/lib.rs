@@ -15,9 +15,11 @@
 mod error;
 mod file;
 mod groups;
+mod time;
 
 pub use error::StateError;
 pub use file::{decode, encode};
 pub use groups::{
     AggregateParts, Aggregation, Eviction, OutputMode, StateStats, partition_of, window_bounds_ms,
 };
+pub use time::{epoch_millis, from_epoch_millis};
