@@ -14,15 +14,15 @@ use sluice_tests::kafka::{
 
 use sluice_tests::process::{Lcg, Running, run, sluice, stderr};
 
-struct Job {
+pub(crate) struct Job {
     dir: tempfile::TempDir,
-    topic: String,
+    pub(crate) topic: String,
     /// The `[checkpoint]` table; a directory in the job's folder unless set.
     store: Option<String>,
 }
 
 impl Job {
-    fn new(topic: &str) -> Job {
+    pub(crate) fn new(topic: &str) -> Job {
         Job {
             dir: tempfile::tempdir().unwrap(),
             topic: topic.to_owned(),
@@ -31,7 +31,7 @@ impl Job {
     }
 
     /// A job keeping its offsets in Cassandra, under a query of its own.
-    fn with_cassandra(topic: &str) -> Job {
+    pub(crate) fn with_cassandra(topic: &str) -> Job {
         let store = sluice_tests::cassandra_checkpoint("sluice_runner_tests");
         Job {
             store: Some(store),
@@ -39,7 +39,7 @@ impl Job {
         }
     }
 
-    fn out(&self) -> PathBuf {
+    pub(crate) fn out(&self) -> PathBuf {
         self.dir.path().join("out")
     }
 
@@ -48,12 +48,12 @@ impl Job {
     }
 
     /// Writes a config for an `available_now` run into the job's folder.
-    fn config(&self, extra_source: &str) -> PathBuf {
+    pub(crate) fn config(&self, extra_source: &str) -> PathBuf {
         self.config_with(extra_source, "available_now = true")
     }
 
     /// Writes a config with the given `[trigger]` line into the job's folder.
-    fn config_with(&self, extra_source: &str, trigger: &str) -> PathBuf {
+    pub(crate) fn config_with(&self, extra_source: &str, trigger: &str) -> PathBuf {
         let text = format!(
             r#"
 name = "runner-test"
@@ -98,13 +98,13 @@ file = "{progress}"
         path
     }
 
-    fn run(&self, extra_source: &str) -> Output {
+    pub(crate) fn run(&self, extra_source: &str) -> Output {
         let config = self.config(extra_source);
         run(&["run", "--config", config.to_str().unwrap()])
     }
 
     /// Every record in the sink's files, as (partition, offset, value).
-    fn output(&self) -> Vec<(i64, i64, String)> {
+    pub(crate) fn output(&self) -> Vec<(i64, i64, String)> {
         let mut records = Vec::new();
         let Ok(entries) = std::fs::read_dir(self.out()) else {
             return records;
@@ -384,7 +384,7 @@ type = "console"
 
 /// Keeps producing `p<partition>-<i>` records to every partition until told to
 /// stop; returns how many each partition got.
-fn keep_producing(
+pub(crate) fn keep_producing(
     topic: String,
     partitions: i32,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,

@@ -509,22 +509,30 @@ where
             planned.durations.wal_commit = micros(t.elapsed());
 
             let t = Instant::now();
-            // A replayed batch that a two-phase sink already has needs only its commit.
+            // A replayed batch that a two-phase sink already has needs only its
+            // commit; a stateful one is processed all the same, for its state,
+            // with nothing written.
             let delivered = planned.replay
-                && self.processor.state_operators() == 0
                 && self
                     .sink
                     .delivered(batch, planned.plan.ranges())
                     .await
                     .map_err(ExecutorError::Sink)?;
-            let streamed = if delivered {
+            let streamed = if delivered && self.processor.state_operators() == 0 {
                 tracing::info!(
                     batch = batch.0,
                     "the sink already has this batch; writing its commit only"
                 );
                 Streamed::default()
             } else {
-                self.stream(&planned.plan, &mut planned.durations).await?
+                if delivered {
+                    tracing::info!(
+                        batch = batch.0,
+                        "the sink already has this batch; rebuilding its state without writing"
+                    );
+                }
+                self.stream(&planned.plan, &mut planned.durations, !delivered)
+                    .await?
             };
             planned.durations.add_batch =
                 micros(t.elapsed()).saturating_sub(planned.durations.get_batch);
@@ -797,14 +805,49 @@ where
     /// the sink, chunk by chunk. A read that fails transiently starts over, and the
     /// processor and sinks begin the batch again: reading a durable plan again is
     /// safe, because it reads the same ranges.
+    ///
+    /// Without `write`, the sink and the dead letters get nothing: the batch is
+    /// run for the processor's state alone.
     async fn stream(
         &mut self,
         plan: &BatchPlan,
         durations: &mut DurationMs,
+        write: bool,
+    ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
+        let mut attempt = 1_u32;
+        loop {
+            match self.stream_once(plan, durations, write).await {
+                Err(ExecutorError::Sink(e)) if Snk::is_transient(&e) => {
+                    match retry_wait(
+                        self.options.retry,
+                        attempt,
+                        true,
+                        &e,
+                        "writing the batch to the sink",
+                    ) {
+                        Some(wait) => {
+                            attempt += 1;
+                            tokio::time::sleep(wait).await;
+                        }
+                        None => return Err(ExecutorError::Sink(e)),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One attempt of [`Self::stream`], which retries it when the sink fails
+    /// transiently (a transaction it aborted).
+    async fn stream_once(
+        &mut self,
+        plan: &BatchPlan,
+        durations: &mut DurationMs,
+        write: bool,
     ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
         let batch = plan.id();
         let retry = self.options.retry;
-        let dead_letters = self.options.on_bad_record == BadRecordPolicy::DeadLetter;
+        let dead_letters = write && self.options.on_bad_record == BadRecordPolicy::DeadLetter;
         let mut processed = Processed::default();
         let mut attempt = 1_u32;
         loop {
@@ -813,10 +856,12 @@ where
                 .begin_batch(batch, plan.metadata())
                 .await
                 .map_err(ExecutorError::Process)?;
-            self.sink
-                .begin_batch(batch, plan.ranges())
-                .await
-                .map_err(ExecutorError::Sink)?;
+            if write {
+                self.sink
+                    .begin_batch(batch, plan.ranges())
+                    .await
+                    .map_err(ExecutorError::Sink)?;
+            }
             if dead_letters {
                 self.dead_letters
                     .begin_batch(batch, plan.ranges())
@@ -841,7 +886,7 @@ where
                             .process(chunk, &mut processed)
                             .await
                             .map_err(ExecutorError::Process)?;
-                        self.deliver(&processed, &mut streamed).await?;
+                        self.deliver(&processed, &mut streamed, write).await?;
                     }
                     Ok(None) => break None,
                     Err(e) => break Some(e),
@@ -861,11 +906,13 @@ where
                         .finish_batch(batch, &mut processed)
                         .await
                         .map_err(ExecutorError::Process)?;
-                    self.deliver(&processed, &mut streamed).await?;
-                    self.sink
-                        .finish_batch(batch)
-                        .await
-                        .map_err(ExecutorError::Sink)?;
+                    self.deliver(&processed, &mut streamed, write).await?;
+                    if write {
+                        self.sink
+                            .finish_batch(batch)
+                            .await
+                            .map_err(ExecutorError::Sink)?;
+                    }
                     if dead_letters {
                         self.dead_letters
                             .finish_batch(batch)
@@ -894,17 +941,20 @@ where
         }
     }
 
-    /// Hands what the processor made to the sink, and its bad records to the
-    /// policy: stop, skip, or the dead letters.
+    /// Hands what the processor made to the sink (unless the batch writes
+    /// nothing), and its bad records to the policy: stop, skip, or the dead
+    /// letters.
     async fn deliver(
         &mut self,
         processed: &Processed<Proc::Output>,
         streamed: &mut Streamed,
+        write: bool,
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
         if !processed.bad.is_empty() {
             match self.options.on_bad_record {
                 BadRecordPolicy::Fail => return Err(first_bad_record(&processed.bad)),
                 BadRecordPolicy::Skip => {}
+                BadRecordPolicy::DeadLetter if !write => {}
                 BadRecordPolicy::DeadLetter => self
                     .dead_letters
                     .write(&processed.bad)
@@ -913,8 +963,10 @@ where
             }
             streamed.bad_records += processed.bad.len() as u64;
         }
-        for rows in &processed.rows {
-            self.sink.write(rows).await.map_err(ExecutorError::Sink)?;
+        if write {
+            for rows in &processed.rows {
+                self.sink.write(rows).await.map_err(ExecutorError::Sink)?;
+            }
         }
         streamed.output_rows += processed.row_count;
         Ok(())

@@ -99,6 +99,29 @@ pub enum KafkaSourceError {
         #[source]
         source: Box<KafkaError>,
     },
+    /// A newer runner of the query took the sink's transactional id over.
+    #[error(
+        "the kafka sink's transactional id {transactional_id} was taken over by a newer runner \
+         of the query (Kafka fenced this producer: {source}); this runner stops and writes \
+         nothing more"
+    )]
+    Fenced {
+        /// The transactional id.
+        transactional_id: String,
+        /// librdkafka's error.
+        #[source]
+        source: Box<KafkaError>,
+    },
+    /// A transaction failed in a way that aborting it and writing the batch
+    /// again cures (a broker restart, a transaction that timed out).
+    #[error("{what} failed, and the transaction was aborted: {source}")]
+    Aborted {
+        /// What was being done.
+        what: String,
+        /// librdkafka's error.
+        #[source]
+        source: Box<KafkaError>,
+    },
     /// The blocking Kafka task did not finish.
     #[error("Kafka I/O task failed: {0}")]
     Task(String),

@@ -27,7 +27,7 @@ use sluice_offsets::{
 use client::{Client, Position};
 pub use config::{DEFAULT_READ_AHEAD_BYTES, KafkaSourceConfig, TopicSelection};
 pub use error::KafkaSourceError;
-pub use sink::{KafkaSink, KafkaSinkConfig};
+pub use sink::{Delivery, KafkaSink, KafkaSinkConfig};
 
 /// Routes librdkafka's own log lines to `tracing`.
 pub struct SourceContext;

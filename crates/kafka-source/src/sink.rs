@@ -1,19 +1,32 @@
 //! The `kafka` sink: records to an output topic through an idempotent producer.
 //!
-//! At least once: a batch replayed after a crash is produced again. Every record
-//! carries headers naming the query, the batch and the source position
-//! (`sluice.query`, `sluice.batch`, `sluice.position` = `topic-partition@offset`,
-//! or `batch#row` for a query's rows, which a replay makes again in the same
-//! order), so that consumers can drop the duplicates a replay produces.
+//! Every record carries headers naming the query, the batch and the source
+//! position (`sluice.query`, `sluice.batch`, `sluice.position` =
+//! `topic-partition@offset`, or `batch#row` for a query's rows, which a replay
+//! makes again in the same order).
+//!
+//! With [`Delivery::AtLeastOnce`] a batch replayed after a crash is produced
+//! again, and consumers drop the duplicates by those headers. With
+//! [`Delivery::ExactlyOnce`] each batch is one Kafka transaction, and the
+//! batch's source end offsets are committed inside it to a consumer group named
+//! as the transactional id, with the batch id as their metadata. On recovery,
+//! `init_transactions` settles what the previous runner left open (aborts it, or
+//! waits for a commit under way), and the group's offsets then tell whether the
+//! planned batch reached Kafka: if they are its ends and name it, only the
+//! store's commit is left to write; otherwise the batch is written again in a new
+//! transaction. A `read_committed` reader sees each batch once either way.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
 
 use crate::KafkaSourceError;
@@ -27,6 +40,44 @@ pub struct KafkaSinkConfig {
     pub topic: String,
     /// Further producer options, passed through.
     pub client_options: BTreeMap<String, String>,
+    /// At least once, or exactly once through transactions.
+    pub delivery: Delivery,
+}
+
+/// How the `kafka` sink delivers a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Delivery {
+    /// An idempotent producer; a batch replayed after a crash is produced again.
+    #[default]
+    AtLeastOnce,
+    /// One transaction per batch, with the batch's source offsets in it.
+    ExactlyOnce,
+}
+
+/// librdkafka's `transaction.timeout.ms` when none is set.
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
+
+/// How long a transaction call (init, commit, abort, offsets) may take.
+const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The transactional side of an exactly-once sink.
+struct Transactions {
+    /// The producer's `transactional.id`, also the group its offsets go to.
+    id: String,
+    /// A member-less consumer of that group: its metadata for
+    /// `send_offsets_to_transaction`, and the offsets committed so far.
+    group: Arc<BaseConsumer>,
+    /// `init_transactions` has run.
+    ready: bool,
+    /// A transaction is open.
+    open: bool,
+    /// The ranges of the batch begun last.
+    ranges: Vec<OffsetRange>,
+}
+
+/// The group offsets' metadata that names the batch whose transaction wrote them.
+fn batch_marker(batch: BatchId) -> String {
+    format!("sluice batch {batch}")
 }
 
 /// Produces each batch's records, or a query's rows, to a topic and waits until
@@ -41,11 +92,63 @@ pub struct KafkaSink {
     deliveries: VecDeque<DeliveryFuture>,
     /// Rows of the batch produced so far, which numbers each row's position.
     rows: u64,
+    /// For exactly once.
+    transactions: Option<Transactions>,
 }
 
 impl KafkaSink {
-    /// A sink for `query_id`, with an idempotent producer (`acks=all`).
+    /// A sink for `query_id`, with an idempotent producer (`acks=all`), and for
+    /// exactly once a transactional one whose id is [`KafkaSink::transactional_id`].
     pub fn new(config: KafkaSinkConfig, query_id: &str) -> Result<KafkaSink, KafkaSourceError> {
+        Self::check_options(&config)?;
+        let client_error = |source| KafkaSourceError::Client {
+            bootstrap: config.bootstrap_servers.clone(),
+            source: Box::new(source),
+        };
+        let mut client = ClientConfig::new();
+        for (key, value) in &config.client_options {
+            client.set(key, value);
+        }
+        client
+            .set("bootstrap.servers", &config.bootstrap_servers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all");
+        let transactions = match config.delivery {
+            Delivery::AtLeastOnce => None,
+            Delivery::ExactlyOnce => {
+                let id = Self::transactional_id(query_id, &config.topic);
+                client.set("transactional.id", &id);
+                let group: BaseConsumer = ClientConfig::new()
+                    .set("bootstrap.servers", &config.bootstrap_servers)
+                    .set("group.id", &id)
+                    .set("enable.auto.commit", "false")
+                    .set("isolation.level", "read_committed")
+                    .create()
+                    .map_err(client_error)?;
+                Some(Transactions {
+                    id,
+                    group: Arc::new(group),
+                    ready: false,
+                    open: false,
+                    ranges: Vec::new(),
+                })
+            }
+        };
+        let producer = client.create().map_err(client_error)?;
+        Ok(KafkaSink {
+            producer,
+            topic: config.topic,
+            query_id: query_id.to_owned(),
+            batch: BatchId::FIRST,
+            batch_text: String::new(),
+            deliveries: VecDeque::new(),
+            rows: 0,
+            transactions,
+        })
+    }
+
+    /// Refuses the producer options the sink sets itself.
+    pub fn check_options(config: &KafkaSinkConfig) -> Result<(), KafkaSourceError> {
         for key in ["enable.idempotence", "acks", "bootstrap.servers"] {
             if config.client_options.contains_key(key) {
                 return Err(KafkaSourceError::OwnedOption {
@@ -55,28 +158,220 @@ impl KafkaSink {
                 });
             }
         }
-        let mut client = ClientConfig::new();
-        for (key, value) in &config.client_options {
-            client.set(key, value);
+        if config.client_options.contains_key("transactional.id") {
+            return Err(KafkaSourceError::OwnedOption {
+                option: "transactional.id".to_owned(),
+                reason: "with delivery = \"exactly_once\" the sink derives it from the query id \
+                         and the topic, so that a restarted runner fences the one before it and \
+                         two queries never share one; at least once needs none",
+            });
         }
-        let producer = client
+        Ok(())
+    }
+
+    /// Checks, for exactly once, that `transaction.timeout.ms` (librdkafka's
+    /// 60000 unless set) is within the broker's `transaction.max.timeout.ms`,
+    /// which would otherwise refuse every transaction.
+    pub async fn check_transaction_timeout(
+        config: &KafkaSinkConfig,
+    ) -> Result<(), KafkaSourceError> {
+        use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+        use rdkafka::client::DefaultClientContext;
+        if config.delivery != Delivery::ExactlyOnce {
+            return Ok(());
+        }
+        let ours = match config.client_options.get("transaction.timeout.ms") {
+            None => DEFAULT_TRANSACTION_TIMEOUT_MS,
+            Some(text) => text.parse::<u64>().map_err(|_| {
+                KafkaSourceError::Config(format!(
+                    "sink.kafka.\"transaction.timeout.ms\" = {text:?} is not a number of \
+                     milliseconds"
+                ))
+            })?,
+        };
+        let failed = |what: &str| {
+            let what = what.to_owned();
+            move |source| KafkaSourceError::Kafka {
+                what,
+                source: Box::new(source),
+            }
+        };
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", &config.bootstrap_servers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
             .create()
             .map_err(|source| KafkaSourceError::Client {
                 bootstrap: config.bootstrap_servers.clone(),
                 source: Box::new(source),
             })?;
-        Ok(KafkaSink {
-            producer,
-            topic: config.topic,
-            query_id: query_id.to_owned(),
-            batch: BatchId::FIRST,
-            batch_text: String::new(),
-            deliveries: VecDeque::new(),
-            rows: 0,
+        let (admin, metadata) = tokio::task::spawn_blocking(move || {
+            let metadata = admin.inner().fetch_metadata(None, Duration::from_secs(10));
+            (admin, metadata)
         })
+        .await
+        .map_err(|e| KafkaSourceError::Task(e.to_string()))?;
+        let metadata = metadata.map_err(failed("reading the output cluster's brokers"))?;
+        let Some(broker) = metadata.brokers().first().map(|b| b.id()) else {
+            return Ok(());
+        };
+        let described = admin
+            .describe_configs(
+                &[ResourceSpecifier::Broker(broker)],
+                &AdminOptions::new().request_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .map_err(failed("reading the broker's transaction.max.timeout.ms"))?;
+        let most = described
+            .first()
+            .and_then(|r| r.as_ref().ok())
+            .and_then(|r| r.get("transaction.max.timeout.ms"))
+            .and_then(|e| e.value.as_deref())
+            .and_then(|v| v.parse::<u64>().ok());
+        match most {
+            Some(most) if ours > most => Err(KafkaSourceError::Config(format!(
+                "sink.kafka.\"transaction.timeout.ms\" = {ours} is above the broker's \
+                 transaction.max.timeout.ms = {most} (broker {broker} at {}), so every \
+                 transaction of the exactly-once sink would be refused; set it at most {most}, \
+                 and above the longest batch, which one transaction spans",
+                config.bootstrap_servers
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The `transactional.id` of an exactly-once sink of `query_id` writing to
+    /// `topic`: the same for every runner of the query, so that a new one fences
+    /// the one before it, and different for every query and topic.
+    pub fn transactional_id(query_id: &str, topic: &str) -> String {
+        format!("sluice-{query_id}-{topic}")
+    }
+
+    /// Runs a blocking transaction call on the producer off the async threads.
+    async fn transaction_call(
+        &self,
+        what: String,
+        call: impl FnOnce(&FutureProducer) -> KafkaResult<()> + Send + 'static,
+    ) -> Result<(), KafkaSourceError> {
+        let producer = self.producer.clone();
+        let result = tokio::task::spawn_blocking(move || call(&producer))
+            .await
+            .map_err(|e| KafkaSourceError::Task(e.to_string()))?;
+        result.map_err(|source| self.transaction_error(what, source))
+    }
+
+    /// What a failed transaction call means: fenced by a newer runner, to be
+    /// aborted and written again, or a failure of its own.
+    fn transaction_error(&self, what: String, source: KafkaError) -> KafkaSourceError {
+        let id = self
+            .transactions
+            .as_ref()
+            .map(|t| t.id.clone())
+            .unwrap_or_default();
+        let code = source.rdkafka_error_code();
+        let fenced = matches!(
+            code,
+            Some(
+                RDKafkaErrorCode::Fenced
+                    | RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::TransactionCoordinatorFenced
+            )
+        );
+        match &source {
+            _ if fenced => KafkaSourceError::Fenced {
+                transactional_id: id,
+                source: Box::new(source),
+            },
+            KafkaError::Transaction(e) if e.is_fatal() => KafkaSourceError::Kafka {
+                what,
+                source: Box::new(source),
+            },
+            _ => KafkaSourceError::Aborted {
+                what,
+                source: Box::new(source),
+            },
+        }
+    }
+
+    /// Runs `init_transactions` once: it fences every earlier producer of the
+    /// id and settles the transaction it left.
+    async fn ensure_ready(&mut self) -> Result<(), KafkaSourceError> {
+        if self.transactions.as_ref().is_none_or(|t| t.ready) {
+            return Ok(());
+        }
+        self.transaction_call("initialising transactions".to_owned(), |p| {
+            p.init_transactions(TRANSACTION_CALL_TIMEOUT)
+        })
+        .await?;
+        if let Some(t) = self.transactions.as_mut() {
+            t.ready = true;
+        }
+        Ok(())
+    }
+
+    /// Aborts the open transaction, if any, dropping what it produced.
+    async fn abort_open(&mut self) -> Result<(), KafkaSourceError> {
+        if !self.transactions.as_ref().is_some_and(|t| t.open) {
+            return Ok(());
+        }
+        self.deliveries.clear();
+        let batch = self.batch;
+        self.transaction_call(format!("aborting the transaction of batch {batch}"), |p| {
+            p.abort_transaction(TRANSACTION_CALL_TIMEOUT)
+        })
+        .await?;
+        if let Some(t) = self.transactions.as_mut() {
+            t.open = false;
+        }
+        Ok(())
+    }
+
+    /// After a failure inside the open transaction: aborts it (an abort that
+    /// fails too is logged; the next begin tries again) and returns `error`.
+    async fn fail_transaction(&mut self, error: KafkaSourceError) -> KafkaSourceError {
+        if matches!(error, KafkaSourceError::Fenced { .. }) {
+            return error;
+        }
+        if let Err(abort) = self.abort_open().await {
+            tracing::warn!(error = %abort, "aborting the failed transaction failed");
+            return abort;
+        }
+        match error {
+            KafkaSourceError::Kafka { what, source } => KafkaSourceError::Aborted { what, source },
+            other => other,
+        }
+    }
+
+    /// Commits the open transaction with the batch's source end offsets in it.
+    async fn commit_open(&mut self, batch: BatchId) -> Result<(), KafkaSourceError> {
+        let Some(t) = self.transactions.as_ref() else {
+            return Ok(());
+        };
+        let mut offsets = TopicPartitionList::new();
+        for range in &t.ranges {
+            let tp = &range.topic_partition;
+            let mut element = offsets.add_partition(&tp.topic, tp.partition);
+            element
+                .set_offset(KafkaOffset::Offset(range.until.value()))
+                .map_err(|source| KafkaSourceError::Kafka {
+                    what: format!("recording the end of {tp}"),
+                    source: Box::new(source),
+                })?;
+            element.set_metadata(batch_marker(batch));
+        }
+        let metadata = t.group.group_metadata().ok_or_else(|| {
+            KafkaSourceError::Task(format!("no consumer group metadata for group {}", t.id))
+        })?;
+        let what = format!("committing the transaction of batch {batch}");
+        self.transaction_call(what, move |p| {
+            if offsets.count() > 0 {
+                p.send_offsets_to_transaction(&offsets, &metadata, TRANSACTION_CALL_TIMEOUT)?;
+            }
+            p.commit_transaction(TRANSACTION_CALL_TIMEOUT)
+        })
+        .await?;
+        if let Some(t) = self.transactions.as_mut() {
+            t.open = false;
+        }
+        Ok(())
     }
 }
 
@@ -344,6 +639,18 @@ impl Sink<arrow::array::RecordBatch> for KafkaSink {
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), KafkaSourceError> {
         <Self as Sink>::finish_batch(self, batch).await
     }
+
+    fn is_transient(error: &KafkaSourceError) -> bool {
+        <Self as Sink>::is_transient(error)
+    }
+
+    async fn delivered(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> Result<bool, KafkaSourceError> {
+        <Self as Sink>::delivered(self, batch, ranges).await
+    }
 }
 
 impl Sink for KafkaSink {
@@ -352,10 +659,23 @@ impl Sink for KafkaSink {
     async fn begin_batch(
         &mut self,
         batch: BatchId,
-        _ranges: &[OffsetRange],
+        ranges: &[OffsetRange],
     ) -> Result<(), KafkaSourceError> {
-        // A batch begun again is produced again in full; what an abandoned attempt
-        // produced stays, as at least once allows.
+        if self.transactions.is_some() {
+            // An attempt begun again: what it produced is aborted, unseen.
+            self.ensure_ready().await?;
+            self.abort_open().await?;
+            self.transaction_call(format!("beginning the transaction of batch {batch}"), |p| {
+                p.begin_transaction()
+            })
+            .await?;
+            if let Some(t) = self.transactions.as_mut() {
+                t.open = true;
+                t.ranges = ranges.to_vec();
+            }
+        }
+        // At least once, a batch begun again is produced again in full; what an
+        // abandoned attempt produced stays, as at least once allows.
         self.deliveries.clear();
         self.batch = batch;
         self.batch_text = batch.to_string();
@@ -393,7 +713,24 @@ impl Sink for KafkaSink {
 
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), KafkaSourceError> {
         while !self.deliveries.is_empty() {
-            self.settle_oldest().await?;
+            if let Err(e) = self.settle_oldest().await {
+                return Err(self.fail_transaction(e).await);
+            }
+        }
+        if self.transactions.is_some() {
+            // Committing flushes what is queued.
+            return match self.commit_open(batch).await {
+                Ok(()) => Ok(()),
+                Err(e @ KafkaSourceError::Aborted { .. }) if requires_abort(&e) => {
+                    Err(self.fail_transaction(e).await)
+                }
+                // Whether the commit went through is not known: the next runner's
+                // `init_transactions` settles it, and `delivered` reads the outcome.
+                Err(KafkaSourceError::Aborted { what, source }) => {
+                    Err(KafkaSourceError::Kafka { what, source })
+                }
+                Err(e) => Err(e),
+            };
         }
         // Deliveries above are acknowledged; flushing keeps nothing queued at shutdown.
         let producer = self.producer.clone();
@@ -404,5 +741,61 @@ impl Sink for KafkaSink {
                 what: format!("flushing batch {batch}"),
                 source: Box::new(source),
             })
+    }
+
+    fn is_transient(error: &KafkaSourceError) -> bool {
+        matches!(error, KafkaSourceError::Aborted { .. })
+    }
+
+    async fn delivered(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> Result<bool, KafkaSourceError> {
+        if self.transactions.is_none() || ranges.is_empty() {
+            return Ok(false);
+        }
+        // The previous runner's transaction is committed or aborted once this
+        // returns, so the offsets read next are final.
+        self.ensure_ready().await?;
+        let Some(t) = self.transactions.as_ref() else {
+            return Ok(false);
+        };
+        let mut wanted = TopicPartitionList::new();
+        for range in ranges {
+            let tp = &range.topic_partition;
+            wanted.add_partition(&tp.topic, tp.partition);
+        }
+        let group = t.group.clone();
+        let id = t.id.clone();
+        let committed = tokio::task::spawn_blocking(move || {
+            group.committed_offsets(wanted, TRANSACTION_CALL_TIMEOUT)
+        })
+        .await
+        .map_err(|e| KafkaSourceError::Task(e.to_string()))?
+        .map_err(|source| KafkaSourceError::Kafka {
+            what: format!("reading the offsets of group {id}"),
+            source: Box::new(source),
+        })?;
+        let marker = batch_marker(batch);
+        Ok(ranges.iter().all(|range| {
+            let tp = &range.topic_partition;
+            committed
+                .find_partition(&tp.topic, tp.partition)
+                .is_some_and(|e| {
+                    e.offset() == KafkaOffset::Offset(range.until.value()) && e.metadata() == marker
+                })
+        }))
+    }
+}
+
+/// Whether a failed transaction call left the transaction to be aborted.
+fn requires_abort(error: &KafkaSourceError) -> bool {
+    match error {
+        KafkaSourceError::Aborted { source, .. } => match source.as_ref() {
+            KafkaError::Transaction(e) => e.txn_requires_abort(),
+            _ => false,
+        },
+        _ => false,
     }
 }

@@ -217,6 +217,14 @@ pub trait Sink<T: ?Sized + Sync = RecordChunk>: Send {
         async { Ok(()) }
     }
 
+    /// Whether `error` may go away when the batch is begun and written again
+    /// (a transaction the sink aborted), so that the executor retries the batch
+    /// under its retry policy. The default treats every error as permanent.
+    fn is_transient(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Asked on recovery about a batch that was planned but not committed:
     /// whether its whole output already reached the sink, so that only the
     /// commit is left to write. The default says no, and the batch is replayed.

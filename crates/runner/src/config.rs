@@ -252,6 +252,8 @@ pub struct SinkSection {
     /// Producer options of a `kafka` sink, passed through.
     #[serde(default)]
     pub kafka: BTreeMap<String, toml::Value>,
+    /// A `kafka` sink's guarantee: "at_least_once" or "exactly_once".
+    pub delivery: Option<String>,
     /// Contact points of a `cassandra` sink, `host:port[,host:port]`.
     pub nodes: Option<String>,
     /// The keyspace of a `cassandra` sink.
@@ -682,6 +684,7 @@ fn settings(config: Config) -> Result<Settings> {
                         .unwrap_or_else(|| kafka.bootstrap_servers.clone()),
                     topic,
                     client_options: BTreeMap::new(),
+                    delivery: sluice_kafka_source::Delivery::AtLeastOnce,
                 }),
                 _ => bail!("[dead_letter] takes path or topic, exactly one"),
             }
@@ -722,6 +725,13 @@ fn settings(config: Config) -> Result<Settings> {
         state_partitions,
     };
 
+    if config.sink.delivery.is_some() && config.sink.kind != "kafka" {
+        bail!(
+            "sink.delivery is the kafka sink's; a {:?} sink's guarantee is its own (see \
+             docs/delivery.md)",
+            config.sink.kind
+        );
+    }
     let sink = match config.sink.kind.as_str() {
         "console" => {
             let json = match config.sink.format.as_deref() {
@@ -748,17 +758,39 @@ fn settings(config: Config) -> Result<Settings> {
                 .path
                 .context("a jsonl sink needs sink.path, the directory to write batch files to")?,
         },
-        "kafka" => SinkKind::Kafka(sluice_kafka_source::KafkaSinkConfig {
-            bootstrap_servers: config
+        "kafka" => {
+            let delivery = match config.sink.delivery.as_deref() {
+                None | Some("at_least_once") => sluice_kafka_source::Delivery::AtLeastOnce,
+                Some("exactly_once") => sluice_kafka_source::Delivery::ExactlyOnce,
+                Some(other) => bail!(
+                    "sink.delivery must be \"at_least_once\" or \"exactly_once\", not {other:?}"
+                ),
+            };
+            let bootstrap_servers = config
                 .sink
                 .bootstrap_servers
-                .unwrap_or_else(|| kafka.bootstrap_servers.clone()),
-            topic: config
-                .sink
-                .topic
-                .context("a kafka sink needs sink.topic, the topic to produce to")?,
-            client_options: client_options("sink.kafka", config.sink.kafka)?,
-        }),
+                .unwrap_or_else(|| kafka.bootstrap_servers.clone());
+            if delivery == sluice_kafka_source::Delivery::ExactlyOnce
+                && bootstrap_servers != kafka.bootstrap_servers
+            {
+                bail!(
+                    "sink.delivery = \"exactly_once\" with sink.bootstrap_servers = \
+                     {bootstrap_servers:?}, another cluster than the source's: exactly once \
+                     commits each batch's source offsets inside the output transaction, which \
+                     Kafka allows only on the cluster that holds both; leave \
+                     sink.bootstrap_servers out, or use at_least_once"
+                );
+            }
+            SinkKind::Kafka(sluice_kafka_source::KafkaSinkConfig {
+                bootstrap_servers,
+                topic: config
+                    .sink
+                    .topic
+                    .context("a kafka sink needs sink.topic, the topic to produce to")?,
+                client_options: client_options("sink.kafka", config.sink.kafka)?,
+                delivery,
+            })
+        }
         "cassandra" => {
             let need = |value: Option<String>, key: &str| {
                 value.with_context(|| format!("a cassandra sink needs sink.{key}"))

@@ -92,7 +92,19 @@ impl Exit {
                 code: 5,
                 error: e.into(),
             },
-            e @ (ExecutorError::Sink(_) | ExecutorError::DeadLetters(_)) => Exit::runtime(e.into()),
+            ExecutorError::Sink(e) => {
+                let error = anyhow::Error::from(e);
+                // Fenced by a newer runner, as the stores' fencing is: 4.
+                let fenced = matches!(
+                    error.downcast_ref::<KafkaSourceError>(),
+                    Some(KafkaSourceError::Fenced { .. })
+                );
+                Exit {
+                    code: if fenced { 4 } else { 1 },
+                    error,
+                }
+            }
+            e @ ExecutorError::DeadLetters(_) => Exit::runtime(e.into()),
         }
     }
 }

@@ -9,6 +9,7 @@
 mod config;
 mod dead;
 mod exit;
+mod failpoint;
 mod offsets_cmd;
 
 use std::io::Write;
@@ -244,6 +245,9 @@ impl Parts {
             }
             SinkKind::Kafka(config) => {
                 let description = format!("kafka[{}]", config.topic);
+                KafkaSink::check_transaction_timeout(&config)
+                    .await
+                    .map_err(Classify::exit)?;
                 let sink =
                     KafkaSink::new(config, &self.query_id).map_err(|e| Exit::config(e.into()))?;
                 self.run(store, PassThrough, sink, dead, description).await
@@ -291,6 +295,9 @@ impl Parts {
             }
             SinkKind::Kafka(config) => {
                 let description = format!("kafka[{}]", config.topic);
+                KafkaSink::check_transaction_timeout(&config)
+                    .await
+                    .map_err(Classify::exit)?;
                 let sink =
                     KafkaSink::new(config, &self.query_id).map_err(|e| Exit::config(e.into()))?;
                 self.run(store, processor, sink, dead, description).await
@@ -326,6 +333,10 @@ impl Parts {
         K: Sink<P::Output>,
         D: Sink,
     {
+        let sink = failpoint::CrashAfterCommit {
+            inner: sink,
+            at: failpoint::crash_after_sink_commit().map_err(Exit::config)?,
+        };
         run_query(
             self.settings,
             self.query_id,
@@ -518,6 +529,12 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
             KafkaSink::check_rows(&processor.output_schema())
                 .map_err(|e| Exit::config(e.into()))?;
         }
+    }
+    if let SinkKind::Kafka(sink) = &settings.sink {
+        KafkaSink::check_options(sink).map_err(Classify::exit)?;
+        KafkaSink::check_transaction_timeout(sink)
+            .await
+            .map_err(Classify::exit)?;
     }
     let mut source =
         KafkaSource::new(settings.kafka.clone(), "validate").map_err(|e| Exit::config(e.into()))?;
