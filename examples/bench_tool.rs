@@ -55,14 +55,37 @@ fn main() -> Result<()> {
             batch_bytes.parse()?,
         ),
         ["consume", bootstrap, topic] => consume(bootstrap, topic),
+        ["create", bootstrap, topic, partitions] => {
+            admin_call(bootstrap, topic, Some(partitions.parse()?))
+        }
+        ["delete", bootstrap, topic] => admin_call(bootstrap, topic, None),
         ["chart", results, out] => chart(
             results,
             out,
             "records per second (median), higher is better",
         ),
         ["chart", results, out, title] => chart(results, out, title),
-        _ => bail!("usage: bench_tool fill|consume|chart ..."),
+        _ => bail!("usage: bench_tool fill|consume|create|delete|chart ..."),
     }
+}
+
+/// Creates `topic` with `partitions` partitions, or deletes it when `None`.
+fn admin_call(bootstrap: &str, topic: &str, partitions: Option<i32>) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = config(bootstrap).create()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let results = match partitions {
+        Some(partitions) => {
+            let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+            runtime.block_on(admin.create_topics([&new_topic], &AdminOptions::new()))?
+        }
+        None => runtime.block_on(admin.delete_topics(&[topic], &AdminOptions::new()))?,
+    };
+    for result in results {
+        result.map_err(|(topic, code)| anyhow::anyhow!("topic {topic}: {code}"))?;
+    }
+    Ok(())
 }
 
 fn config(bootstrap: &str) -> ClientConfig {

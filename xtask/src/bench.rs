@@ -72,6 +72,9 @@ struct Configuration {
     max_offsets: Option<u64>,
     /// `[source]` lines and a `[query]`, for the SQL configurations.
     sql: Option<(&'static str, &'static str)>,
+    /// For Kafka to Kafka: the `kafka` sink's `delivery`, to a topic of the
+    /// run's own.
+    kafka: Option<&'static str>,
 }
 
 /// The values' columns: `bench_tool fill` writes every value as such a JSON
@@ -104,6 +107,21 @@ fn configurations() -> Vec<Configuration> {
                 jsonl,
                 max_offsets: max,
                 sql: None,
+                kafka: None,
+            });
+        }
+    }
+    // Kafka to Kafka, records as read, at least once and in a transaction per batch.
+    for delivery in ["at_least_once", "exactly_once"] {
+        for max in [None, Some(100_000)] {
+            let size = max.map_or("default".to_owned(), |m| format!("{}k/trigger", m / 1000));
+            all.push(Configuration {
+                name: format!("kafka to kafka, {delivery}, {size}"),
+                store: Store::Directory,
+                jsonl: false,
+                max_offsets: max,
+                sql: None,
+                kafka: Some(delivery),
             });
         }
     }
@@ -146,6 +164,7 @@ fn configurations() -> Vec<Configuration> {
             jsonl,
             max_offsets,
             sql: Some((source, query)),
+            kafka: None,
         });
     }
     all
@@ -254,7 +273,7 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
             }
             fs::create_dir_all(&dir)?;
             let base = measure_baseline(&tool, bootstrap, &topic)?;
-            let mut measured = run_once(&sluice, &dir, &configuration, &topic, bootstrap)?;
+            let mut measured = run_once(&sluice, &tool, &dir, &configuration, &topic, bootstrap)?;
             measured.ratio = measured.records_per_second / base.records_per_second;
             measured.batch_ratio =
                 measured.batch_records_per_second / base.reading_records_per_second;
@@ -330,13 +349,32 @@ pub fn slug(name: &str) -> String {
 
 fn run_once(
     sluice: &Path,
+    tool: &Path,
     dir: &Path,
     configuration: &Configuration,
     topic: &str,
     bootstrap: &str,
 ) -> Result<Run> {
     let checkpoint = checkpoint(configuration.store == Store::Cassandra, dir);
-    let sink = if configuration.jsonl {
+    let bench_tool = |args: &[&str]| -> Result<()> {
+        let status = Command::new(tool).args(args).status()?;
+        if !status.success() {
+            bail!("bench_tool {} failed ({status})", args.join(" "));
+        }
+        Ok(())
+    };
+    let out_topic = format!("{topic}-out-{}", uuid_like());
+    if configuration.kafka.is_some() {
+        // As many partitions as the input, so that neither side is the narrower.
+        let partitions = topic
+            .split('-')
+            .find_map(|part| part.strip_suffix('p').and_then(|n| n.parse::<u32>().ok()))
+            .unwrap_or(8);
+        bench_tool(&["create", bootstrap, &out_topic, &partitions.to_string()])?;
+    }
+    let sink = if let Some(delivery) = configuration.kafka {
+        format!("type = \"kafka\"\ntopic = \"{out_topic}\"\ndelivery = \"{delivery}\"")
+    } else if configuration.jsonl {
         format!("type = \"jsonl\"\npath = \"{}\"", dir.join("out").display())
     } else {
         "type = \"discard\"".to_owned()
@@ -494,6 +532,10 @@ fn run_once(
     };
     restarted.wait()?;
 
+    if configuration.kafka.is_some() {
+        // A run's output is as large as its input: it goes once measured.
+        bench_tool(&["delete", bootstrap, &out_topic])?;
+    }
     Ok(Run {
         records_per_second: records / seconds,
         batch_records_per_second: records / batch_seconds,
