@@ -16,15 +16,17 @@
 //! store's commit is left to write; otherwise the batch is written again in a new
 //! transaction. A `read_committed` reader sees each batch once either way.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::Message;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
@@ -83,13 +85,11 @@ fn batch_marker(batch: BatchId) -> String {
 /// Produces each batch's records, or a query's rows, to a topic and waits until
 /// all are acknowledged.
 pub struct KafkaSink {
-    producer: FutureProducer,
+    producer: ThreadedProducer<Deliveries>,
     topic: String,
     query_id: String,
     batch: BatchId,
     batch_text: String,
-    /// Records produced and not yet acknowledged, oldest first.
-    deliveries: VecDeque<DeliveryFuture>,
     /// Rows of the batch produced so far, which numbers each row's position.
     rows: u64,
     /// For exactly once.
@@ -134,14 +134,16 @@ impl KafkaSink {
                 })
             }
         };
-        let producer = client.create().map_err(client_error)?;
+        let producer = client
+            .set("delivery.report.only.error", "true")
+            .create_with_context(Deliveries::default())
+            .map_err(client_error)?;
         Ok(KafkaSink {
             producer,
             topic: config.topic,
             query_id: query_id.to_owned(),
             batch: BatchId::FIRST,
             batch_text: String::new(),
-            deliveries: VecDeque::new(),
             rows: 0,
             transactions,
         })
@@ -249,7 +251,7 @@ impl KafkaSink {
     async fn transaction_call(
         &self,
         what: String,
-        call: impl FnOnce(&FutureProducer) -> KafkaResult<()> + Send + 'static,
+        call: impl FnOnce(&ThreadedProducer<Deliveries>) -> KafkaResult<()> + Send + 'static,
     ) -> Result<(), KafkaSourceError> {
         let producer = self.producer.clone();
         let result = tokio::task::spawn_blocking(move || call(&producer))
@@ -312,7 +314,6 @@ impl KafkaSink {
         if !self.transactions.as_ref().is_some_and(|t| t.open) {
             return Ok(());
         }
-        self.deliveries.clear();
         let batch = self.batch;
         self.transaction_call(format!("aborting the transaction of batch {batch}"), |p| {
             p.abort_transaction(TRANSACTION_CALL_TIMEOUT)
@@ -376,21 +377,59 @@ impl KafkaSink {
 }
 
 impl KafkaSink {
-    /// Waits for the oldest delivery in flight.
-    async fn settle_oldest(&mut self) -> Result<(), KafkaSourceError> {
-        let Some(delivery) = self.deliveries.pop_front() else {
-            return Ok(());
-        };
+    /// Waits until everything produced is acknowledged, and names the first
+    /// record the broker refused.
+    async fn flush(&mut self) -> Result<(), KafkaSourceError> {
         let batch = self.batch;
-        match delivery.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err((source, _))) => Err(KafkaSourceError::Kafka {
-                what: format!("producing batch {batch} to {}", self.topic),
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(30)))
+            .await
+            .map_err(|e| KafkaSourceError::Task(e.to_string()))?
+            .map_err(|source| KafkaSourceError::Kafka {
+                what: format!("flushing batch {batch}"),
+                source: Box::new(source),
+            })?;
+        match self.producer.context().take_failure() {
+            None => Ok(()),
+            Some((partition, source)) => Err(KafkaSourceError::Kafka {
+                what: format!("producing batch {batch} to {partition}"),
                 source: Box::new(source),
             }),
-            Err(_) => Err(KafkaSourceError::Task(format!(
-                "the producer dropped a delivery of batch {batch}"
-            ))),
+        }
+    }
+}
+
+/// The producer's context: it keeps the first failed delivery. Successes are
+/// not reported (`delivery.report.only.error`), as a report per record costs
+/// more than producing it; a batch waits for all of them with one flush.
+#[derive(Default)]
+pub struct Deliveries {
+    failed: Mutex<Option<(String, KafkaError)>>,
+}
+
+impl Deliveries {
+    fn take_failure(&self) -> Option<(String, KafkaError)> {
+        self.failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((error, message)) = result {
+            let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+            if failed.is_none() {
+                *failed = Some((
+                    format!("{}-{}", message.topic(), message.partition()),
+                    error.clone(),
+                ));
+            }
         }
     }
 }
@@ -455,8 +494,7 @@ impl KafkaSink {
         Ok(())
     }
 
-    /// Produces one message, waiting for deliveries while the producer's queue
-    /// is full.
+    /// Produces one message, waiting while the producer's queue is full.
     async fn produce(&mut self, message: Outgoing<'_>) -> Result<(), KafkaSourceError> {
         let Outgoing {
             topic,
@@ -467,7 +505,7 @@ impl KafkaSink {
             headers,
             position,
         } = message;
-        let mut out = FutureRecord::<[u8], [u8]>::to(topic).headers(headers);
+        let mut out = BaseRecord::<[u8], [u8]>::to(topic).headers(headers);
         if let Some(key) = key {
             out = out.key(key);
         }
@@ -481,17 +519,12 @@ impl KafkaSink {
             out = out.timestamp(ms);
         }
         loop {
-            match self.producer.send_result(out) {
-                Ok(delivery) => {
-                    self.deliveries.push_back(delivery);
-                    return Ok(());
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
-                    if !self.deliveries.is_empty() =>
-                {
-                    // The producer's queue is full: wait for what is in flight.
+            match self.producer.send(out) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    // The producer's queue is full: its thread drains it.
                     out = back;
-                    self.settle_oldest().await?;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err((source, _)) => {
                     return Err(KafkaSourceError::Kafka {
@@ -676,7 +709,7 @@ impl Sink for KafkaSink {
         }
         // At least once, a batch begun again is produced again in full; what an
         // abandoned attempt produced stays, as at least once allows.
-        self.deliveries.clear();
+        self.producer.context().take_failure();
         self.batch = batch;
         self.batch_text = batch.to_string();
         self.rows = 0;
@@ -712,13 +745,10 @@ impl Sink for KafkaSink {
     }
 
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), KafkaSourceError> {
-        while !self.deliveries.is_empty() {
-            if let Err(e) = self.settle_oldest().await {
-                return Err(self.fail_transaction(e).await);
-            }
+        if let Err(e) = self.flush().await {
+            return Err(self.fail_transaction(e).await);
         }
         if self.transactions.is_some() {
-            // Committing flushes what is queued.
             return match self.commit_open(batch).await {
                 Ok(()) => Ok(()),
                 Err(e @ KafkaSourceError::Aborted { .. }) if requires_abort(&e) => {
@@ -732,15 +762,7 @@ impl Sink for KafkaSink {
                 Err(e) => Err(e),
             };
         }
-        // Deliveries above are acknowledged; flushing keeps nothing queued at shutdown.
-        let producer = self.producer.clone();
-        tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(30)))
-            .await
-            .map_err(|e| KafkaSourceError::Task(e.to_string()))?
-            .map_err(|source| KafkaSourceError::Kafka {
-                what: format!("flushing batch {batch}"),
-                source: Box::new(source),
-            })
+        Ok(())
     }
 
     fn is_transient(error: &KafkaSourceError) -> bool {
