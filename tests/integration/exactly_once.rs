@@ -102,6 +102,27 @@ fn assert_exactly_once(got: &BTreeMap<String, usize>, want: &[String]) {
     assert_eq!(got.len(), want.len(), "nothing else in the output");
 }
 
+/// Runs the job once more with `available_now` into `out_topic`, checks that
+/// the output holds each of the `produced` records of every partition exactly
+/// once, and deletes both topics; the records in and out.
+async fn catch_up_and_check(
+    job: &Job,
+    out_topic: &str,
+    partitions: i32,
+    produced: usize,
+) -> (usize, usize) {
+    let catch_up = job.config("");
+    to_kafka(&catch_up, job, out_topic, "");
+    let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let want = positions(&job.topic, partitions, produced);
+    let got = committed_positions(out_topic, want.len()).await;
+    assert_exactly_once(&got, &want);
+    delete_topic(&job.topic).await;
+    delete_topic(out_topic).await;
+    (want.len(), got.values().sum())
+}
+
 async fn kafka_to_kafka_through_sigkills(job: Job) {
     let topic = job.topic.clone();
     let out_topic = sluice_tests::unique_name("eosout");
@@ -148,21 +169,10 @@ async fn kafka_to_kafka_through_sigkills(job: Job) {
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 
-    let catch_up = job.config("");
-    to_kafka(&catch_up, &job, &out_topic, "");
-    let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
-    assert!(output.status.success(), "{}", stderr(&output));
-
-    let want = positions(&topic, 4, produced);
-    let got = committed_positions(&out_topic, want.len()).await;
+    let (records_in, records_out) = catch_up_and_check(&job, &out_topic, 4, produced).await;
     println!(
-        "{} records in, {} read_committed out, after a forced crash and 20 kills",
-        want.len(),
-        got.values().sum::<usize>()
+        "{records_in} records in, {records_out} read_committed out, after a forced crash and 20 kills"
     );
-    assert_exactly_once(&got, &want);
-    delete_topic(&topic).await;
-    delete_topic(&out_topic).await;
 }
 
 #[tokio::test]
@@ -207,15 +217,7 @@ async fn a_paused_runner_is_fenced_by_the_one_that_took_over() {
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 
-    let catch_up = job.config("");
-    to_kafka(&catch_up, &job, &out_topic, "");
-    let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    let want = positions(&topic, 2, produced);
-    let got = committed_positions(&out_topic, want.len()).await;
-    assert_exactly_once(&got, &want);
-    delete_topic(&topic).await;
-    delete_topic(&out_topic).await;
+    catch_up_and_check(&job, &out_topic, 2, produced).await;
 }
 
 #[tokio::test]

@@ -682,11 +682,7 @@ async fn import_starts_a_query_from_an_existing_offsets_table() {
 
     // The table a team kept its offsets in: the next offset to read per partition.
     let keyspace = sluice_tests::unique_name("legacy");
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_nodes(sluice_tests::cassandra_nodes())
-        .build()
-        .await
-        .unwrap();
+    let session = sluice_tests::cassandra_session(&sluice_tests::cassandra_nodes()).await;
     for cql in [
         format!(
             "CREATE KEYSPACE {keyspace} WITH replication = {}",
@@ -814,11 +810,7 @@ async fn the_cassandra_sink_upserts_mapped_columns_exactly_once_in_effect() {
     produce(&producer(), &topic, &records).await;
 
     let keyspace = sluice_tests::unique_name("shop");
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_nodes(sluice_tests::cassandra_nodes())
-        .build()
-        .await
-        .unwrap();
+    let session = sluice_tests::cassandra_session(&sluice_tests::cassandra_nodes()).await;
     for cql in [
         format!(
             "CREATE KEYSPACE {keyspace} WITH replication = {}",

@@ -534,11 +534,7 @@ async fn the_cassandra_sink_maps_a_querys_columns_by_name() {
         .collect();
     produce(&producer(), &topic, &records).await;
     let keyspace = sluice_tests::unique_name("sqlshop");
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_nodes(sluice_tests::cassandra_nodes())
-        .build()
-        .await
-        .unwrap();
+    let session = sluice_tests::cassandra_session(&sluice_tests::cassandra_nodes()).await;
     for cql in [
         format!(
             "CREATE KEYSPACE {keyspace} WITH replication = {}",

@@ -142,11 +142,7 @@ path = "{out}"
                 .count() as u32,
             Some(location) => {
                 let location = sluice_cassandra_store::CassandraLocation::parse(location).unwrap();
-                let session = scylla::client::session_builder::SessionBuilder::new()
-                    .known_nodes(&location.nodes)
-                    .build()
-                    .await
-                    .unwrap();
+                let session = sluice_tests::cassandra_session(&location.nodes).await;
                 let rows = session
                     .query_unpaged(
                         format!(
@@ -187,11 +183,7 @@ path = "{out}"
             }
             Some(location) => {
                 let location = sluice_cassandra_store::CassandraLocation::parse(location).unwrap();
-                let session = scylla::client::session_builder::SessionBuilder::new()
-                    .known_nodes(&location.nodes)
-                    .build()
-                    .await
-                    .unwrap();
+                let session = sluice_tests::cassandra_session(&location.nodes).await;
                 let rows = session
                     .query_unpaged(
                         format!(

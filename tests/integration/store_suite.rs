@@ -305,11 +305,7 @@ impl Harness for CassandraHarness {
     }
 
     async fn damage_plan(&self, batch: u64) {
-        let session = scylla::client::session_builder::SessionBuilder::new()
-            .known_nodes(&self.location.nodes)
-            .build()
-            .await
-            .unwrap();
+        let session = sluice_tests::cassandra_session(&self.location.nodes).await;
         session
             .query_unpaged(
                 format!(
@@ -378,11 +374,7 @@ async fn cassandra_mirrors_the_latest_committed_offsets_in_plain_columns() {
     for batch in 0..3 {
         run_batch(&mut store, batch).await;
     }
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_nodes(&h.location.nodes)
-        .build()
-        .await
-        .unwrap();
+    let session = sluice_tests::cassandra_session(&h.location.nodes).await;
     let rows = session
         .query_unpaged(
             "SELECT topic, partition, offset, batch_id FROM sluice_store_suite.sluice_offsets WHERE query = ?",
@@ -414,11 +406,7 @@ async fn cassandra_mirrors_the_latest_committed_offsets_in_plain_columns() {
 #[tokio::test]
 async fn a_state_table_of_the_layout_before_partitions_is_named_with_what_to_do() {
     let keyspace = sluice_tests::unique_name("old_state").replace('-', "_");
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_nodes(sluice_tests::cassandra_nodes())
-        .build()
-        .await
-        .unwrap();
+    let session = sluice_tests::cassandra_session(&sluice_tests::cassandra_nodes()).await;
     for cql in [
         format!(
             "CREATE KEYSPACE {keyspace} WITH replication = {}",

@@ -22,6 +22,15 @@ pub fn kafka_bootstrap() -> String {
     non_empty_var(KAFKA_BOOTSTRAP_VAR).unwrap_or_else(|| DEFAULT_KAFKA_BOOTSTRAP.to_owned())
 }
 
+/// A driver session to the Cassandra contact points `nodes`.
+pub async fn cassandra_session(nodes: &[String]) -> scylla::client::session::Session {
+    scylla::client::session_builder::SessionBuilder::new()
+        .known_nodes(nodes)
+        .build()
+        .await
+        .expect("connecting to Cassandra")
+}
+
 /// The Cassandra contact points for this test run, one `host:port` each.
 pub fn cassandra_nodes() -> Vec<String> {
     let raw =
