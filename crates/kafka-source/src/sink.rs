@@ -274,6 +274,9 @@ impl KafkaSink {
             Some(
                 RDKafkaErrorCode::Fenced
                     | RDKafkaErrorCode::ProducerFenced
+                    // Retrying after an old-epoch error would bump the epoch again
+                    // and fence the runner that took over, so it is final too.
+                    | RDKafkaErrorCode::InvalidProducerEpoch
                     | RDKafkaErrorCode::TransactionCoordinatorFenced
             )
         );
