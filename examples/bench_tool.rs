@@ -10,6 +10,10 @@
 //! - `consume <bootstrap> <topic>`: the baseline, a plain rdkafka consumer reading
 //!   every partition to its end with no processing, with the fetch settings Sluice
 //!   uses; prints JSON figures.
+//! - `pipe <bootstrap> <from> <to>`: the Kafka to Kafka baseline, the same
+//!   consumer producing every record to topic `to` (which must exist) with the
+//!   producer settings of Sluice's `kafka` sink (idempotent, `acks=all`, delivery
+//!   reports of errors only) and headers of the same sizes; prints JSON figures.
 //! - `chart <results.json> <out.svg> [title]`: a bar per configuration, as SVG.
 
 use std::time::{Duration, Instant};
@@ -22,7 +26,15 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
+// The allocator and its option as in the `sluice` binary, so that the
+// baseline is the same librdkafka, allocating the same way.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<()> {
+    // SAFETY: setting an option only stores a value; no other thread exists
+    // yet. 15 is mimalloc 3's `mi_option_purge_delay`, checked in the runner.
+    unsafe { libmimalloc_sys::mi_option_set(15, 100) };
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args
         .iter()
@@ -54,7 +66,8 @@ fn main() -> Result<()> {
             value_bytes.parse()?,
             batch_bytes.parse()?,
         ),
-        ["consume", bootstrap, topic] => consume(bootstrap, topic),
+        ["consume", bootstrap, topic] => consume(bootstrap, topic, None),
+        ["pipe", bootstrap, from, to] => consume(bootstrap, from, Some(to)),
         ["create", bootstrap, topic, partitions] => {
             admin_call(bootstrap, topic, Some(partitions.parse()?))
         }
@@ -205,7 +218,9 @@ fn order(n: u64, bytes: usize, out: &mut Vec<u8>) {
     out.extend_from_slice(b"\"}");
 }
 
-fn consume(bootstrap: &str, topic: &str) -> Result<()> {
+/// Reads every partition of `topic` to its end, and with `to` produces each
+/// record there too.
+fn consume(bootstrap: &str, topic: &str, to: Option<&str>) -> Result<()> {
     // The same fetch settings as Sluice's source, so that the baseline is the
     // ceiling for the same client configuration, not a slower default.
     let consumer: BaseConsumer = config(bootstrap)
@@ -226,6 +241,19 @@ fn consume(bootstrap: &str, topic: &str) -> Result<()> {
     for (p, _) in &ends {
         assignment.add_partition_offset(topic, *p, Offset::Beginning)?;
     }
+    let producer: Option<ThreadedProducer<_>> = match to {
+        None => None,
+        Some(_) => Some(
+            config(bootstrap)
+                .set("enable.idempotence", "true")
+                .set("acks", "all")
+                .set("delivery.report.only.error", "true")
+                .create()?,
+        ),
+    };
+    // The sizes of the headers Sluice's sink adds: a query id, a batch id and
+    // a position.
+    let query = "00000000-0000-0000-0000-000000000000";
     let started = Instant::now();
     consumer.assign(&assignment)?;
     let (mut records, mut bytes) = (0_i64, 0_u64);
@@ -235,10 +263,16 @@ fn consume(bootstrap: &str, topic: &str) -> Result<()> {
                 records += 1;
                 bytes += message.payload().map_or(0, |p| p.len()) as u64
                     + message.key().map_or(0, |k| k.len()) as u64;
+                if let (Some(producer), Some(to)) = (&producer, to) {
+                    pipe_one(producer, to, query, &message)?;
+                }
             }
             Some(Err(e)) => eprintln!("baseline consumer: {e}"),
             None => bail!("the baseline consumer stalled after {records} of {total} records"),
         }
+    }
+    if let Some(producer) = &producer {
+        producer.flush(Duration::from_secs(120))?;
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
@@ -246,6 +280,61 @@ fn consume(bootstrap: &str, topic: &str) -> Result<()> {
         serde_json::json!({"records": records, "bytes": bytes, "seconds": seconds})
     );
     Ok(())
+}
+
+/// Produces `message` to `to`, with headers the sizes of Sluice's, waiting
+/// while the producer's queue is full.
+fn pipe_one(
+    producer: &ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    to: &str,
+    query: &str,
+    message: &rdkafka::message::BorrowedMessage<'_>,
+) -> Result<()> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let position = format!(
+        "{}-{}@{}",
+        message.topic(),
+        message.partition(),
+        message.offset()
+    );
+    let headers = OwnedHeaders::new_with_capacity(3)
+        .insert(Header {
+            key: "sluice.query",
+            value: Some(query),
+        })
+        .insert(Header {
+            key: "sluice.batch",
+            value: Some("0"),
+        })
+        .insert(Header {
+            key: "sluice.position",
+            value: Some(&position),
+        });
+    let mut record = BaseRecord::<[u8], [u8]>::to(to).headers(headers);
+    if let Some(key) = message.key() {
+        record = record.key(key);
+    }
+    if let Some(value) = message.payload() {
+        record = record.payload(value);
+    }
+    if let Some(ms) = message.timestamp().to_millis() {
+        record = record.timestamp(ms);
+    }
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(
+                    rdkafka::types::RDKafkaErrorCode::QueueFull,
+                ),
+                back,
+            )) => {
+                record = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => bail!("producing to {to}: {e}"),
+        }
+    }
 }
 
 /// Draws a bar per configuration of `results`, of its `records_per_second`

@@ -191,6 +191,13 @@ struct Run {
     batch_ratio: f64,
     wal_commit_ms: Vec<f64>,
     commit_offsets_ms: Vec<f64>,
+    /// Per batch, the sink's finish (`sinkCommit`: its flush and, exactly
+    /// once, its transaction's commit) and that plus the store's commit.
+    sink_commit_ms: Vec<f64>,
+    sink_and_store_commit_ms: Vec<f64>,
+    /// For Kafka to Kafka: `bench_tool pipe`, the same records consumed and
+    /// produced by plain rdkafka clients, run just before, over the whole process.
+    pipe_records_per_second: Option<f64>,
     /// Making each batch's state durable, for a stateful query.
     state_commit_ms: Vec<f64>,
     /// Writing the snapshots of the batches that had one, after their commits.
@@ -372,6 +379,10 @@ fn run_once(
             .unwrap_or(8);
         bench_tool(&["create", bootstrap, &out_topic, &partitions.to_string()])?;
     }
+    let pipe_records_per_second = match configuration.kafka {
+        None => None,
+        Some(_) => Some(measure_pipe(tool, bootstrap, topic, &out_topic)?),
+    };
     let sink = if let Some(delivery) = configuration.kafka {
         format!("type = \"kafka\"\ntopic = \"{out_topic}\"\ndelivery = \"{delivery}\"")
     } else if configuration.jsonl {
@@ -454,6 +465,12 @@ fn run_once(
             .collect()
     };
     let batch_seconds: f64 = durations("triggerExecution").iter().sum::<f64>() / 1000.0;
+    let sink_commit_ms = durations("sinkCommit");
+    let sink_and_store_commit_ms: Vec<f64> = sink_commit_ms
+        .iter()
+        .zip(durations("commitOffsets"))
+        .map(|(sink, store)| sink + store)
+        .collect();
     let state = |field: &str| -> Vec<f64> {
         lines
             .iter()
@@ -543,6 +560,9 @@ fn run_once(
         batch_ratio: f64::NAN,
         wal_commit_ms: durations("walCommit"),
         commit_offsets_ms: durations("commitOffsets"),
+        sink_commit_ms,
+        sink_and_store_commit_ms,
+        pipe_records_per_second,
         state_commit_ms,
         snapshot_ms,
         disk_ms,
@@ -598,6 +618,34 @@ pub fn uuid_like() -> String {
             .map(|d| d.as_nanos())
             .unwrap_or_default()
     )
+}
+
+/// One run of `bench_tool pipe` from `topic` into a topic of its own made
+/// like `like` (then deleted): records/s over the whole process.
+fn measure_pipe(tool: &Path, bootstrap: &str, topic: &str, like: &str) -> Result<f64> {
+    let out = format!("{like}-pipe");
+    let partitions = topic
+        .split('-')
+        .find_map(|part| part.strip_suffix('p').and_then(|n| n.parse::<u32>().ok()))
+        .unwrap_or(8);
+    let call = |args: &[&str]| -> Result<std::process::Output> {
+        let output = Command::new(tool).args(args).output()?;
+        if !output.status.success() {
+            bail!(
+                "bench_tool {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(output)
+    };
+    call(&["create", bootstrap, &out, &partitions.to_string()])?;
+    let started = Instant::now();
+    let output = call(&["pipe", bootstrap, topic, &out])?;
+    let wall = started.elapsed().as_secs_f64();
+    call(&["delete", bootstrap, &out])?;
+    let figures: Value = serde_json::from_slice(&output.stdout)?;
+    Ok(figures["records"].as_f64().unwrap_or(0.0) / wall)
 }
 
 /// One run of the baseline consumer, timed like `sluice run`: the whole
@@ -699,11 +747,39 @@ fn summarise(configuration: &Configuration, runs: Vec<Run>) -> Value {
         "batch_ratio_to_baseline_reading": median(runs.iter().map(|r| r.batch_ratio).collect()),
         "wal_commit_ms": {"p50": percentile(wal.clone(), 0.5), "p99": percentile(wal, 0.99)},
         "commit_offsets_ms": {"p50": percentile(commit.clone(), 0.5), "p99": percentile(commit, 0.99)},
+        "kafka": kafka_summary(&runs),
         "peak_rss_mib": stats(runs.iter().map(|r| r.peak_rss_kib as f64 / 1024.0).collect()),
         "peak_anon_mib": stats(runs.iter().map(|r| r.peak_anon_kib as f64 / 1024.0).collect()),
         "restart_ms": stats(runs.iter().map(|r| r.restart_ms).collect()),
         "state": state_summary(&runs),
         "runs": runs.len(),
+    })
+}
+
+/// A Kafka to Kafka configuration's figures beside the plain clients' pipe,
+/// and its commits; `null` for others.
+fn kafka_summary(runs: &[Run]) -> Value {
+    let pipe: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.pipe_records_per_second)
+        .collect();
+    if pipe.is_empty() {
+        return Value::Null;
+    }
+    let ratios: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.pipe_records_per_second.map(|p| r.records_per_second / p))
+        .collect();
+    let sink: Vec<f64> = runs.iter().flat_map(|r| r.sink_commit_ms.clone()).collect();
+    let both: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.sink_and_store_commit_ms.clone())
+        .collect();
+    json!({
+        "pipe_records_per_second": stats(pipe),
+        "ratio_to_pipe": median(ratios),
+        "sink_commit_ms": {"p50": percentile(sink.clone(), 0.5), "p99": percentile(sink, 0.99)},
+        "sink_and_store_commit_ms": {"p50": percentile(both.clone(), 0.5), "p99": percentile(both, 0.99)},
     })
 }
 
@@ -811,6 +887,37 @@ fn write_markdown(path: &Path, report: &Value, section: &str) -> Result<()> {
                 c["state"]["rows"],
                 f(&c["state"]["memory_mib"]),
                 f(&c["peak_rss_mib"]["median"]),
+            ));
+        }
+    }
+    let kafka: Vec<&Value> = report["configurations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| !c["kafka"].is_null())
+        .collect();
+    if !kafka.is_empty() {
+        table.push_str(
+            "\nKafka to Kafka beside `bench_tool pipe`, the same records consumed and produced \
+             (idempotent, `acks=all`, the same three headers) by plain rdkafka clients with \
+             nothing planned, stored or committed, run just before each run; and per batch, \
+             the sink's finish (`sinkCommit`: its flush and, exactly once, the transaction's \
+             commit) alone and with the store's commit after it.\n\n\
+             | configuration | records/s | ratio to the consumer | pipe records/s | ratio to the pipe | sink commit p50/p99 ms | sink + store commit p50/p99 ms |\n\
+             | --- | --- | --- | --- | --- | --- | --- |\n",
+        );
+        for c in kafka {
+            table.push_str(&format!(
+                "| {} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} |\n",
+                c["name"].as_str().unwrap_or_default(),
+                f(&c["records_per_second"]["median"]),
+                f(&c["ratio_to_baseline"]),
+                f(&c["kafka"]["pipe_records_per_second"]["median"]),
+                f(&c["kafka"]["ratio_to_pipe"]),
+                f(&c["kafka"]["sink_commit_ms"]["p50"]),
+                f(&c["kafka"]["sink_commit_ms"]["p99"]),
+                f(&c["kafka"]["sink_and_store_commit_ms"]["p50"]),
+                f(&c["kafka"]["sink_and_store_commit_ms"]["p99"]),
             ));
         }
     }

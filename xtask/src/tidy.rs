@@ -220,6 +220,30 @@ fn library_crates_use_typed_errors_not_anyhow() {
 }
 
 #[test]
+fn only_the_binaries_choose_the_allocator() {
+    for (dir, manifest) in members() {
+        let name = package_name(&manifest);
+        if !dir.starts_with(root().join("crates")) || name == "sluice-runner" {
+            continue;
+        }
+        assert!(
+            !dependencies(&manifest)
+                .iter()
+                .any(|d| d == "mimalloc" || d == "libmimalloc-sys"),
+            "{name} is a library crate: the binary chooses the allocator"
+        );
+        for file in rust_files(&dir.join("src")) {
+            let text = fs::read_to_string(&file).expect("readable source");
+            assert!(
+                !text.contains("#[global_allocator]"),
+                "{} declares a global allocator; only the binary does",
+                file.display()
+            );
+        }
+    }
+}
+
+#[test]
 fn dependency_versions_are_pinned_once_in_the_workspace() {
     for (_, manifest) in members() {
         let name = package_name(&manifest);

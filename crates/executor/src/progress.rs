@@ -85,6 +85,9 @@ pub struct DurationMs {
     pub get_batch: u64,
     /// Handing them to the sink.
     pub add_batch: u64,
+    /// Of `add_batch`, the sink's finish: waiting until what it was handed is
+    /// durable, and its own commit (the Kafka sink's transaction). Not Spark's.
+    pub sink_commit: u64,
     /// Writing the commit (and progress to the consumer group).
     pub commit_offsets: u64,
     /// The whole trigger.
@@ -99,6 +102,7 @@ impl DurationMs {
             wal_commit: self.wal_commit / 1000,
             get_batch: self.get_batch / 1000,
             add_batch: self.add_batch / 1000,
+            sink_commit: self.sink_commit / 1000,
             commit_offsets: self.commit_offsets / 1000,
             trigger_execution: self.trigger_execution / 1000,
         }

@@ -908,10 +908,12 @@ where
                         .map_err(ExecutorError::Process)?;
                     self.deliver(&processed, &mut streamed, write).await?;
                     if write {
+                        let t = Instant::now();
                         self.sink
                             .finish_batch(batch)
                             .await
                             .map_err(ExecutorError::Sink)?;
+                        durations.sink_commit = micros(t.elapsed());
                     }
                     if dead_letters {
                         self.dead_letters

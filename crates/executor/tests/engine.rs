@@ -659,6 +659,7 @@ async fn progress_has_sparks_fields() {
         "walCommit",
         "getBatch",
         "addBatch",
+        "sinkCommit",
         "commitOffsets",
         "triggerExecution",
     ] {
@@ -673,6 +674,11 @@ async fn progress_has_sparks_fields() {
             "durationMicros.{field} is durationMs.{field} in finer units"
         );
     }
+    assert!(
+        json["durationMicros"]["sinkCommit"].as_u64()
+            <= json["durationMicros"]["addBatch"].as_u64(),
+        "the sink's commit is part of addBatch: {json}"
+    );
     let source = &json["sources"][0];
     assert_eq!(
         source["startOffset"],
