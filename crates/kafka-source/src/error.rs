@@ -99,11 +99,15 @@ pub enum KafkaSourceError {
         #[source]
         source: Box<KafkaError>,
     },
-    /// A newer runner of the query took the sink's transactional id over.
+    /// Kafka fenced the sink's producer: a newer runner of the query took its
+    /// transactional id over, or the broker aborted a transaction that
+    /// outlived `transaction.timeout.ms`, which fences the same way.
     #[error(
         "the kafka sink's transactional id {transactional_id} was taken over by a newer runner \
-         of the query (Kafka fenced this producer: {source}); this runner stops and writes \
-         nothing more"
+         of the query, or its transaction outlived sink.kafka.\"transaction.timeout.ms\" and \
+         the broker aborted it (Kafka fenced this producer: {source}); this runner stops and \
+         writes nothing more. If no other runner was started, raise the timeout above the \
+         longest batch and run again: the batch is written again, once"
     )]
     Fenced {
         /// The transactional id.
