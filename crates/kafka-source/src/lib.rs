@@ -169,10 +169,17 @@ impl KafkaSource {
         work: impl FnOnce(&Client) -> Result<T, KafkaSourceError> + Send + 'static,
     ) -> Result<T, KafkaSourceError> {
         let client = self.client.clone();
-        tokio::task::spawn_blocking(move || work(&client))
-            .await
-            .map_err(|e| KafkaSourceError::Task(e.to_string()))?
+        off_thread(move || work(&client)).await?
     }
+}
+
+/// Runs a blocking librdkafka call on the blocking pool, off the async threads.
+pub(crate) async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, KafkaSourceError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| KafkaSourceError::Task(e.to_string()))
 }
 
 /// `fetch.max.bytes` unless the configuration sets another.

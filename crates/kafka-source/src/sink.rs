@@ -31,7 +31,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
 
-use crate::KafkaSourceError;
+use crate::{KafkaSourceError, off_thread};
 
 /// Where the `kafka` sink writes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -205,12 +205,11 @@ impl KafkaSink {
                 bootstrap: config.bootstrap_servers.clone(),
                 source: Box::new(source),
             })?;
-        let (admin, metadata) = tokio::task::spawn_blocking(move || {
+        let (admin, metadata) = off_thread(move || {
             let metadata = admin.inner().fetch_metadata(None, Duration::from_secs(10));
             (admin, metadata)
         })
-        .await
-        .map_err(|e| KafkaSourceError::Task(e.to_string()))?;
+        .await?;
         let metadata = metadata.map_err(failed("reading the output cluster's brokers"))?;
         let Some(broker) = metadata.brokers().first().map(|b| b.id()) else {
             return Ok(());
@@ -254,10 +253,9 @@ impl KafkaSink {
         call: impl FnOnce(&ThreadedProducer<Deliveries>) -> KafkaResult<()> + Send + 'static,
     ) -> Result<(), KafkaSourceError> {
         let producer = self.producer.clone();
-        let result = tokio::task::spawn_blocking(move || call(&producer))
-            .await
-            .map_err(|e| KafkaSourceError::Task(e.to_string()))?;
-        result.map_err(|source| self.transaction_error(what, source))
+        off_thread(move || call(&producer))
+            .await?
+            .map_err(|source| self.transaction_error(what, source))
     }
 
     /// What a failed transaction call means: fenced by a newer runner, to be
@@ -385,9 +383,8 @@ impl KafkaSink {
     async fn flush(&mut self) -> Result<(), KafkaSourceError> {
         let batch = self.batch;
         let producer = self.producer.clone();
-        tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(30)))
-            .await
-            .map_err(|e| KafkaSourceError::Task(e.to_string()))?
+        off_thread(move || producer.flush(Duration::from_secs(30)))
+            .await?
             .map_err(|source| KafkaSourceError::Kafka {
                 what: format!("flushing batch {batch}"),
                 source: Box::new(source),
@@ -793,15 +790,13 @@ impl Sink for KafkaSink {
         }
         let group = t.group.clone();
         let id = t.id.clone();
-        let committed = tokio::task::spawn_blocking(move || {
-            group.committed_offsets(wanted, TRANSACTION_CALL_TIMEOUT)
-        })
-        .await
-        .map_err(|e| KafkaSourceError::Task(e.to_string()))?
-        .map_err(|source| KafkaSourceError::Kafka {
-            what: format!("reading the offsets of group {id}"),
-            source: Box::new(source),
-        })?;
+        let committed =
+            off_thread(move || group.committed_offsets(wanted, TRANSACTION_CALL_TIMEOUT))
+                .await?
+                .map_err(|source| KafkaSourceError::Kafka {
+                    what: format!("reading the offsets of group {id}"),
+                    source: Box::new(source),
+                })?;
         let marker = batch_marker(batch);
         Ok(ranges.iter().all(|range| {
             let tp = &range.topic_partition;
