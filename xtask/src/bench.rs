@@ -363,25 +363,25 @@ fn run_once(
     bootstrap: &str,
 ) -> Result<Run> {
     let checkpoint = checkpoint(configuration.store == Store::Cassandra, dir);
-    let bench_tool = |args: &[&str]| -> Result<()> {
-        let status = Command::new(tool).args(args).status()?;
-        if !status.success() {
-            bail!("bench_tool {} failed ({status})", args.join(" "));
-        }
-        Ok(())
-    };
     let out_topic = format!("{topic}-out-{}", uuid_like());
-    if configuration.kafka.is_some() {
-        // As many partitions as the input, so that neither side is the narrower.
-        let partitions = topic
-            .split('-')
-            .find_map(|part| part.strip_suffix('p').and_then(|n| n.parse::<u32>().ok()))
-            .unwrap_or(8);
-        bench_tool(&["create", bootstrap, &out_topic, &partitions.to_string()])?;
-    }
     let pipe_records_per_second = match configuration.kafka {
         None => None,
-        Some(_) => Some(measure_pipe(tool, bootstrap, topic, &out_topic)?),
+        Some(_) => {
+            // As many partitions as the input, so that neither side is the narrower.
+            let partitions = topic
+                .split('-')
+                .find_map(|part| part.strip_suffix('p').and_then(|n| n.parse::<u32>().ok()))
+                .unwrap_or(8)
+                .to_string();
+            bench_tool(tool, &["create", bootstrap, &out_topic, &partitions])?;
+            Some(measure_pipe(
+                tool,
+                bootstrap,
+                topic,
+                &out_topic,
+                &partitions,
+            )?)
+        }
     };
     let sink = if let Some(delivery) = configuration.kafka {
         format!("type = \"kafka\"\ntopic = \"{out_topic}\"\ndelivery = \"{delivery}\"")
@@ -551,7 +551,7 @@ fn run_once(
 
     if configuration.kafka.is_some() {
         // A run's output is as large as its input: it goes once measured.
-        bench_tool(&["delete", bootstrap, &out_topic])?;
+        bench_tool(tool, &["delete", bootstrap, &out_topic])?;
     }
     Ok(Run {
         records_per_second: records / seconds,
@@ -620,31 +620,37 @@ pub fn uuid_like() -> String {
     )
 }
 
-/// One run of `bench_tool pipe` from `topic` into a topic of its own made
-/// like `like` (then deleted): records/s over the whole process.
-fn measure_pipe(tool: &Path, bootstrap: &str, topic: &str, like: &str) -> Result<f64> {
+/// Runs `bench_tool` with `args` to its end; returns what it printed.
+fn bench_tool(tool: &Path, args: &[&str]) -> Result<Vec<u8>> {
+    let output = Command::new(tool).args(args).output()?;
+    if !output.status.success() {
+        bail!(
+            "bench_tool {} failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(output.stdout)
+}
+
+/// One run of `bench_tool pipe` from `topic` into a topic of its own, named
+/// after `like`, of `partitions` partitions (deleted after it): records/s over
+/// the whole process.
+fn measure_pipe(
+    tool: &Path,
+    bootstrap: &str,
+    topic: &str,
+    like: &str,
+    partitions: &str,
+) -> Result<f64> {
     let out = format!("{like}-pipe");
-    let partitions = topic
-        .split('-')
-        .find_map(|part| part.strip_suffix('p').and_then(|n| n.parse::<u32>().ok()))
-        .unwrap_or(8);
-    let call = |args: &[&str]| -> Result<std::process::Output> {
-        let output = Command::new(tool).args(args).output()?;
-        if !output.status.success() {
-            bail!(
-                "bench_tool {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        Ok(output)
-    };
-    call(&["create", bootstrap, &out, &partitions.to_string()])?;
+    bench_tool(tool, &["create", bootstrap, &out, partitions])?;
     let started = Instant::now();
-    let output = call(&["pipe", bootstrap, topic, &out])?;
+    let printed = bench_tool(tool, &["pipe", bootstrap, topic, &out])?;
     let wall = started.elapsed().as_secs_f64();
-    call(&["delete", bootstrap, &out])?;
-    let figures: Value = serde_json::from_slice(&output.stdout)?;
+    bench_tool(tool, &["delete", bootstrap, &out])?;
+    let figures: Value = serde_json::from_slice(&printed)?;
     Ok(figures["records"].as_f64().unwrap_or(0.0) / wall)
 }
 
