@@ -48,8 +48,15 @@ pub struct Running {
 impl Running {
     /// Starts `sluice` with `args`.
     pub fn spawn(args: &[&str]) -> Running {
-        let mut child = Command::new(sluice())
-            .args(args)
+        let mut command = Command::new(sluice());
+        command.args(args);
+        Running::spawn_command(command)
+    }
+
+    /// Starts `command` (a `sluice` command with its arguments and
+    /// environment), reading its standard error.
+    pub fn spawn_command(mut command: Command) -> Running {
+        let mut child = command
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("starting sluice");

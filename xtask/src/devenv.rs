@@ -185,6 +185,17 @@ impl Service {
         let _ = fs::remove_file(self.pid_file());
         Ok(true)
     }
+
+    /// Kills the server with SIGKILL, as a crash would. Returns whether it ran.
+    fn kill(&self) -> Result<bool> {
+        let Some(pid) = self.running_pid() else {
+            return Ok(false);
+        };
+        process::kill(pid, &self.marker())
+            .with_context(|| format!("killing {} (pid {pid})", self.name()))?;
+        let _ = fs::remove_file(self.pid_file());
+        Ok(true)
+    }
 }
 
 impl Kind {
@@ -341,6 +352,18 @@ pub fn down(root: &Path, kinds: &[Kind]) -> Result<()> {
     }
     if !failures.is_empty() {
         bail!("{}", failures.join("\n"));
+    }
+    Ok(())
+}
+
+/// Kills the servers of `kinds` with SIGKILL, for fault tests: no flush, no
+/// clean shutdown, as a crash of the machine's process would leave them.
+pub fn kill(root: &Path, kinds: &[Kind]) -> Result<()> {
+    for service in services(root).iter().filter(|s| kinds.contains(&s.kind)) {
+        match service.kill()? {
+            true => println!("{} killed", service.name()),
+            false => println!("{} was not running", service.name()),
+        }
     }
     Ok(())
 }

@@ -33,6 +33,7 @@ Tasks:
   up [SERVER]   start Kafka (127.0.0.1:9092) and Cassandra (127.0.0.1:9042), or only the one
                 named (kafka, cassandra), and wait until they answer
   down [SERVER] stop the servers that `up` started, or only the one named
+  kill [SERVER] SIGKILL them instead, as a crash would (for fault tests)
   status        show which servers run, their memory, and whether they answer
   test [ARGS]   up, cargo test --workspace [ARGS], then stop what up started
   ci            up, cargo fmt --check, cargo clippy -D warnings, cargo doc, cargo test, spark-compat,
@@ -76,6 +77,7 @@ fn run(args: &[String]) -> Result<()> {
     match task {
         "up" => devenv::up_only(&root, &devenv::Kind::parse_list(rest)?).map(|_| ()),
         "down" => devenv::down(&root, &devenv::Kind::parse_list(rest)?),
+        "kill" => devenv::kill(&root, &devenv::Kind::parse_list(rest)?),
         "status" => devenv::status(&root),
         "test" => with_dev_env(&root, || cargo_test(&root, rest)),
         "ci" => with_dev_env(&root, || {

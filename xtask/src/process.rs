@@ -83,6 +83,19 @@ pub fn terminate(pid: u32, marker: &str, grace: Duration) -> Result<()> {
     bail!("process {pid} is still alive after SIGKILL")
 }
 
+/// Kills `pid` at once with SIGKILL, as a crash would, and waits until it is gone.
+pub fn kill(pid: u32, marker: &str) -> Result<()> {
+    signal(pid, "KILL")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if !is_ours(pid, marker) {
+            return Ok(());
+        }
+        sleep(Duration::from_millis(100));
+    }
+    bail!("process {pid} is still alive after SIGKILL")
+}
+
 fn signal(pid: u32, name: &str) -> Result<()> {
     // `kill` from procps keeps xtask free of a libc dependency; a process that is
     // already gone is fine.

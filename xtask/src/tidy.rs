@@ -290,6 +290,33 @@ fn every_crate_says_its_job_in_a_doc_comment() {
     }
 }
 
+#[test]
+fn the_edges_make_one_attempt_per_call_and_leave_retries_to_the_executor() {
+    // A client that retries inside the executor's retry multiplies the waits:
+    // the source's own retries once made an unreachable cluster take 23
+    // minutes to give up. A wait in an edge crate is backpressure, said so.
+    for krate in ["kafka-source", "checkpoint-fs", "cassandra-store"] {
+        for file in rust_files(&root().join("crates").join(krate).join("src")) {
+            let text = fs::read_to_string(&file).expect("readable source");
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                if !line.contains("sleep(") || line.trim_start().starts_with("//") {
+                    continue;
+                }
+                let context = lines[i.saturating_sub(3)..i].join("\n");
+                assert!(
+                    context.contains("Backpressure, not a retry"),
+                    "{}:{} waits ({}); retries belong to the executor's policy \
+                     (crates/executor/src/retry.rs), and backpressure says so in a comment",
+                    file.display(),
+                    i + 1,
+                    line.trim()
+                );
+            }
+        }
+    }
+}
+
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {

@@ -1,11 +1,14 @@
 //! Connecting to Cassandra, with authentication and TLS as configured.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openssl::ssl::{SslContextBuilder, SslMethod, SslVerifyMode};
+use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::policies::retry::FallthroughRetryPolicy;
 
 use crate::CassandraStoreError;
 
@@ -43,9 +46,15 @@ impl Connection {
             nodes: nodes.clone(),
             source: problem.into(),
         };
+        // One attempt per request: the executor's retry policy owns retries,
+        // and the driver's default policy would retry some inside them.
+        let profile = ExecutionProfile::builder()
+            .retry_policy(Arc::new(FallthroughRetryPolicy::new()))
+            .build();
         let mut builder = SessionBuilder::new()
             .known_nodes(&self.nodes)
-            .connection_timeout(self.connect_timeout);
+            .connection_timeout(self.connect_timeout)
+            .default_execution_profile_handle(profile.into_handle());
         match (&self.username, &self.password) {
             (Some(user), Some(password)) => builder = builder.user(user, password),
             (None, None) => {}

@@ -109,3 +109,16 @@ pub(crate) fn query_error<E: std::error::Error + Send + Sync + 'static>(
         source: Box::new(source),
     }
 }
+
+impl CassandraStoreError {
+    /// Whether the error may go away by itself (a node restarting, a timeout),
+    /// so that the call is worth trying again: the store's writes and the
+    /// sink's upserts are idempotent, so a retried write that had in fact
+    /// landed does no harm.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            CassandraStoreError::Connect { .. } | CassandraStoreError::Query { .. }
+        )
+    }
+}

@@ -253,6 +253,10 @@ fn hex(bytes: &[u8]) -> String {
 impl Sink for CassandraSink {
     type Error = CassandraStoreError;
 
+    fn is_transient(error: &CassandraStoreError) -> bool {
+        error.is_transient()
+    }
+
     async fn begin_batch(
         &mut self,
         batch: BatchId,
@@ -427,6 +431,10 @@ impl CassandraSink {
 
 impl Sink<arrow::array::RecordBatch> for CassandraSink {
     type Error = CassandraStoreError;
+
+    fn is_transient(error: &CassandraStoreError) -> bool {
+        error.is_transient()
+    }
 
     async fn begin_batch(
         &mut self,

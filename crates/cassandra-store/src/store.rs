@@ -1010,10 +1010,7 @@ impl OffsetStore for CassandraStore {
     }
 
     fn is_transient(error: &CassandraStoreError) -> bool {
-        matches!(
-            error,
-            CassandraStoreError::Connect { .. } | CassandraStoreError::Query { .. }
-        )
+        error.is_transient()
     }
 
     fn describe(&self, log: Log, batch: BatchId) -> String {

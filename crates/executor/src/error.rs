@@ -1,7 +1,11 @@
 //! Errors that stop a query, typed by what failed, so that the runner can
 //! choose an exit code without guessing.
 
+use std::time::Duration;
+
 use sluice_offsets::{DataLoss, Inconsistency, Offset, TopicPartition};
+
+use crate::GaveUp;
 
 /// Why a query stopped. `S`, `T`, `P`, `K` and `D` are the errors of the
 /// source, the offset store, the processor, the sink and the dead letters.
@@ -86,6 +90,29 @@ where
         /// The partitions the query has.
         configured: u32,
     },
+    /// A call kept failing transiently until the retry policy gave up.
+    #[error(
+        "{retried}; {}",
+        .last.as_ref().map_or_else(
+            || "the first attempt had no answer yet".to_owned(),
+            |last| format!("the last error: {last}")
+        )
+    )]
+    GaveUp {
+        /// What was tried, how often, and which limit ended it.
+        retried: Retried,
+        /// The last failure, when an attempt failed rather than being cut short.
+        last: Option<Box<Self>>,
+    },
+    /// A stop request ended a call that was being retried. [`Query::run`]
+    /// turns it into a normal end, so its callers never see it.
+    ///
+    /// [`Query::run`]: crate::Query::run
+    #[error("stopped while retrying {what}")]
+    Stopped {
+        /// What was being retried.
+        what: &'static str,
+    },
     /// A plan that could not be built from the offsets (a bug or a hand-edited store).
     #[error("cannot plan batch {batch}: {reason}")]
     Plan {
@@ -94,4 +121,31 @@ where
         /// Why.
         reason: String,
     },
+}
+
+/// The tries of a call that the retry policy gave up on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retried {
+    /// What was being done.
+    pub what: &'static str,
+    /// The attempts really made, a cut-short last one included.
+    pub attempts: u32,
+    /// From the first attempt to giving up.
+    pub elapsed: Duration,
+    /// Which limit ended the retries.
+    pub why: GaveUp,
+}
+
+impl std::fmt::Display for Retried {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} failed {} {} in {:.1} s, giving up at {}",
+            self.what,
+            self.attempts,
+            if self.attempts == 1 { "time" } else { "times" },
+            self.elapsed.as_secs_f64(),
+            self.why
+        )
+    }
 }

@@ -25,12 +25,14 @@
 mod error;
 mod progress;
 mod query;
+mod retry;
 pub mod sinks;
 mod trigger;
 
-pub use error::ExecutorError;
+pub use error::{ExecutorError, Retried};
 pub use progress::{
     DurationMs, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
 };
-pub use query::{IDLE_POLL, Query, QueryError, QueryOptions, RetryPolicy, RunSummary};
+pub use query::{IDLE_POLL, Query, QueryError, QueryOptions, RunSummary};
+pub use retry::{GaveUp, RetryPolicy};
 pub use trigger::Trigger;

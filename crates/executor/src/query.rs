@@ -19,8 +19,9 @@ use crate::progress::{
     DurationMs, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
     event_time_entry, offsets_value, source_metrics,
 };
+use crate::retry::{Attempt, GaveUp, Next, Part, Reached, Tries};
 use crate::sinks::DiscardSink;
-use crate::{ExecutorError, Trigger};
+use crate::{ExecutorError, Retried, RetryPolicy, Trigger};
 
 /// The error of a [`Query`] over these parts.
 pub type QueryError<Src, Store, Proc, Snk, Dead> = ExecutorError<
@@ -31,21 +32,39 @@ pub type QueryError<Src, Store, Proc, Snk, Dead> = ExecutorError<
     <Dead as Sink>::Error,
 >;
 
-/// Awaits a call, trying it again with backoff while it fails transiently.
-/// `$transient` judges an error; `$wrap` turns the last one into an `ExecutorError`.
+/// Awaits a call to `$part`, trying it again under the retry policy while it
+/// fails transiently. `$transient` judges an error; `$wrap` turns it into an
+/// `ExecutorError`. A stop request ends the retrying with `ExecutorError::Stopped`.
 macro_rules! retrying {
-    ($policy:expr, $what:expr, $call:expr, $transient:expr, $wrap:path) => {{
-        let mut attempt = 1_u32;
+    ($self:ident, $part:expr, $what:expr, $call:expr, $transient:expr, $wrap:path) => {{
+        let mut tries = Tries::new(
+            $self.options.retry,
+            $what,
+            $self.reached.get($part),
+            $self.in_batch,
+        );
+        let mut last = None;
         loop {
-            match $call.await {
-                Ok(value) => break Ok(value),
-                Err(e) => match retry_wait($policy, attempt, $transient(&e), &e, $what) {
-                    Some(wait) => {
-                        attempt += 1;
-                        tokio::time::sleep(wait).await;
+            match tries.attempt(&mut $self.stop, $call).await {
+                Attempt::Done(Ok(value)) => {
+                    $self.reached.mark($part);
+                    break Ok(value);
+                }
+                Attempt::Done(Err(e)) => {
+                    match tries
+                        .after_failure(&mut $self.stop, $transient(&e), &e)
+                        .await
+                    {
+                        Next::Retry => last = Some(e),
+                        Next::Permanent => break Err($wrap(e)),
+                        Next::GiveUp(why) => break Err(gave_up(&tries, why, Some($wrap(e)))),
+                        Next::Stopped => break Err(ExecutorError::Stopped { what: $what }),
                     }
-                    None => break Err($wrap(e)),
-                },
+                }
+                Attempt::Stopped => break Err(ExecutorError::Stopped { what: $what }),
+                Attempt::TimedOut => {
+                    break Err(gave_up(&tries, tries.timed_out(), last.map($wrap)));
+                }
             }
         }
     }};
@@ -76,42 +95,10 @@ pub struct QueryOptions {
     pub source_description: String,
     /// The sink, as progress reports describe it.
     pub sink_description: String,
-    /// How transient source failures are retried.
+    /// How transient failures of the source, the store and the sink are retried.
     pub retry: RetryPolicy,
     /// What happens to a record the processor cannot process.
     pub on_bad_record: BadRecordPolicy,
-}
-
-/// How often, and how patiently, a transient source failure is retried before
-/// the query stops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Attempts in all, the first included (1 means no retry).
-    pub max_attempts: u32,
-    /// The wait before the first retry; it doubles with every further one.
-    pub initial_backoff: Duration,
-    /// The longest wait between two attempts.
-    pub max_backoff: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 10,
-            initial_backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(30),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// The wait before attempt `attempt` (2 for the first retry).
-    fn backoff(&self, attempt: u32) -> Duration {
-        let doublings = attempt.saturating_sub(2).min(20);
-        self.initial_backoff
-            .saturating_mul(1 << doublings)
-            .min(self.max_backoff)
-    }
 }
 
 impl Default for QueryOptions {
@@ -159,6 +146,14 @@ pub struct Query<Src, Store, Snk, Proc = PassThrough, Dead = DiscardSink> {
     sink: Snk,
     dead_letters: Dead,
     last_trigger: Option<Instant>,
+    /// Turns true when the query is asked to stop.
+    stop: watch::Receiver<bool>,
+    /// The parts that have answered in this run, which the startup timeout
+    /// no longer bounds.
+    reached: Reached,
+    /// Whether a batch's plan is written and its commit not yet: a stop
+    /// request then lets a first attempt finish.
+    in_batch: bool,
 }
 
 /// What one batch read, wrote and met.
@@ -247,6 +242,9 @@ where
             sink,
             dead_letters,
             last_trigger: None,
+            stop: watch::channel(false).1,
+            reached: Reached::default(),
+            in_batch: false,
         }
     }
 
@@ -258,15 +256,43 @@ where
     /// Runs batches until the trigger is done or `stop` turns true. A batch in
     /// flight when `stop` turns true is finished first; one that is cut short by the
     /// process ending is replayed on the next start, because its plan is durable.
+    ///
+    /// A stop request also ends the waits of a failing call, and the call
+    /// itself unless it is the first attempt inside a batch; the run then ends
+    /// normally, and a batch it left is replayed on the next start.
     pub async fn run(
         &mut self,
-        mut stop: watch::Receiver<bool>,
+        stop: watch::Receiver<bool>,
         mut on_progress: impl FnMut(&QueryProgress) + Send,
     ) -> Result<RunSummary, QueryError<Src, Store, Proc, Snk, Dead>> {
+        self.stop = stop;
+        self.reached = Reached::default();
         let mut summary = RunSummary::default();
-        let retry = self.options.retry;
+        match self.run_batches(&mut summary, &mut on_progress).await {
+            Ok(()) => Ok(summary),
+            Err(ExecutorError::Stopped { what }) => {
+                if self.in_batch {
+                    tracing::info!(
+                        "stopped while retrying {what}; the batch in flight is replayed on restart"
+                    );
+                } else {
+                    tracing::info!("stopped while retrying {what}");
+                }
+                self.in_batch = false;
+                Ok(summary)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn run_batches(
+        &mut self,
+        summary: &mut RunSummary,
+        on_progress: &mut (impl FnMut(&QueryProgress) + Send),
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
         let stored = retrying!(
-            retry,
+            self,
+            Part::Store,
             "loading the offset store",
             self.store.load(),
             Store::is_transient,
@@ -327,8 +353,7 @@ where
                     trigger_start: Instant::now(),
                     timestamp: SystemTime::now(),
                 };
-                self.execute(planned, &mut summary, &mut on_progress)
-                    .await?;
+                self.execute(planned, summary, on_progress).await?;
                 (batch.next(), Some(end))
             }
         };
@@ -337,20 +362,20 @@ where
         let mut available_now_partitions: Option<BTreeMap<TopicPartition, OffsetBounds>> = None;
         let mut last_batch_at = Instant::now();
         loop {
-            if *stop.borrow() {
+            if *self.stop.borrow() {
                 break;
             }
             let trigger_start = Instant::now();
             let timestamp = SystemTime::now();
 
-            let retry = self.options.retry;
             // As in Spark, `available_now` reads what was there when it started: the
             // partitions and their ends are looked up once, not before every batch.
             // Offsets purged since then still surface as data loss while reading.
             let partitions: BTreeMap<_, _> = match &available_now_partitions {
                 Some(partitions) => partitions.clone(),
                 None => retrying!(
-                    retry,
+                    self,
+                    Part::Source,
                     "discovering partitions",
                     self.source.partitions(),
                     Src::is_transient,
@@ -363,7 +388,8 @@ where
             let mut from = match start.take() {
                 Some(from) => from,
                 None => retrying!(
-                    retry,
+                    self,
+                    Part::Source,
                     "resolving starting offsets",
                     self.source
                         .starting_offsets(&self.options.starting, &partitions),
@@ -436,7 +462,8 @@ where
                 if available == 0 && self.options.trigger.stops_when_caught_up() {
                     break;
                 }
-                if wait_for_next_trigger(self.options.trigger, trigger_start, true, &mut stop).await
+                if wait_for_next_trigger(self.options.trigger, trigger_start, true, &mut self.stop)
+                    .await
                 {
                     break;
                 }
@@ -467,8 +494,7 @@ where
                 trigger_start,
                 timestamp,
             };
-            self.execute(planned, &mut summary, &mut on_progress)
-                .await?;
+            self.execute(planned, summary, on_progress).await?;
             last_batch_at = Instant::now();
             start = Some(end);
             next_batch = next_batch.next();
@@ -476,11 +502,13 @@ where
             if self.options.trigger == Trigger::Once {
                 break;
             }
-            if wait_for_next_trigger(self.options.trigger, trigger_start, false, &mut stop).await {
+            if wait_for_next_trigger(self.options.trigger, trigger_start, false, &mut self.stop)
+                .await
+            {
                 break;
             }
         }
-        Ok(summary)
+        Ok(())
     }
 
     /// Writes the plan (unless it is a replay), reads, hands the records to the
@@ -494,12 +522,13 @@ where
         let batch = planned.plan.id();
         let span = tracing::info_span!("batch", id = batch.0);
         async {
+            self.in_batch = true;
             let t = Instant::now();
             // The write-ahead: nothing of the batch is read before its plan is durable.
-            let retry = self.options.retry;
             if !planned.replay {
                 retrying!(
-                    retry,
+                    self,
+                    Part::Store,
                     "writing the plan",
                     self.store.write_plan(&planned.plan),
                     Store::is_transient,
@@ -513,11 +542,14 @@ where
             // commit; a stateful one is processed all the same, for its state,
             // with nothing written.
             let delivered = planned.replay
-                && self
-                    .sink
-                    .delivered(batch, planned.plan.ranges())
-                    .await
-                    .map_err(ExecutorError::Sink)?;
+                && retrying!(
+                    self,
+                    Part::Sink,
+                    "asking the sink whether it has the replayed batch",
+                    self.sink.delivered(batch, planned.plan.ranges()),
+                    Snk::is_transient,
+                    ExecutorError::Sink
+                )?;
             let streamed = if delivered && self.processor.state_operators() == 0 {
                 tracing::info!(
                     batch = batch.0,
@@ -550,7 +582,8 @@ where
                 next_watermark_ms: self.processor.watermark_ms(),
             };
             retrying!(
-                retry,
+                self,
+                Part::Store,
                 "writing the commit",
                 self.store.write_commit(&commit),
                 Store::is_transient,
@@ -566,7 +599,8 @@ where
             }
             if let Some(keep_from) = purge_threshold(batch, self.options.min_batches_to_retain) {
                 retrying!(
-                    retry,
+                    self,
+                    Part::Store,
                     "purging old batches",
                     self.store.purge(keep_from),
                     Store::is_transient,
@@ -622,6 +656,7 @@ where
                 .map(DataLoss::lost_offsets)
                 .sum::<u64>();
             summary.last_committed = Some(batch);
+            self.in_batch = false;
             Ok(())
         }
         .instrument(span)
@@ -639,7 +674,6 @@ where
         if operators == 0 {
             return Ok(());
         }
-        let retry = self.options.retry;
         let mut files = Vec::new();
         if let Some(version) = version {
             for operator in 0..operators {
@@ -679,7 +713,8 @@ where
                     })?;
                 for id in wanted {
                     files.push(retrying!(
-                        retry,
+                        self,
+                        Part::Store,
                         "reading state",
                         self.store.read_state(operator, id),
                         Store::is_transient,
@@ -703,9 +738,9 @@ where
         &mut self,
         operator: u32,
     ) -> Result<Vec<StateFileId>, QueryError<Src, Store, Proc, Snk, Dead>> {
-        let retry = self.options.retry;
         retrying!(
-            retry,
+            self,
+            Part::Store,
             "listing state",
             self.store.list_state(operator),
             Store::is_transient,
@@ -725,11 +760,11 @@ where
             .map_err(ExecutorError::Process)?;
         let encode_micros = micros(t.elapsed());
         let t = Instant::now();
-        let retry = self.options.retry;
         let mut bytes = 0;
         for file in &files {
             retrying!(
-                retry,
+                self,
+                Part::Store,
                 "writing state",
                 self.store.write_state(file),
                 Store::is_transient,
@@ -757,10 +792,10 @@ where
                 return;
             }
         };
-        let retry = self.options.retry;
         for file in &files {
             let stored: Result<(), QueryError<Src, Store, Proc, Snk, Dead>> = retrying!(
-                retry,
+                self,
+                Part::Store,
                 "writing a state snapshot",
                 self.store.write_state(file),
                 Store::is_transient,
@@ -784,13 +819,13 @@ where
         &mut self,
         keep_from: BatchId,
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        let retry = self.options.retry;
         for operator in 0..self.processor.state_operators() {
             let stored = self.stored_state(operator).await?;
             let old = state_files_to_purge_in(&stored, keep_from);
             if !old.is_empty() {
                 retrying!(
-                    retry,
+                    self,
+                    Part::Store,
                     "purging old state",
                     self.store.remove_state(operator, &old),
                     Store::is_transient,
@@ -814,25 +849,33 @@ where
         durations: &mut DurationMs,
         write: bool,
     ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
-        let mut attempt = 1_u32;
+        let mut tries = Tries::new(
+            self.options.retry,
+            "writing the batch to the sink",
+            self.reached.get(Part::Sink),
+            true,
+        );
         loop {
             match self.stream_once(plan, durations, write).await {
+                Ok(streamed) => {
+                    if write {
+                        self.reached.mark(Part::Sink);
+                    }
+                    return Ok(streamed);
+                }
                 Err(ExecutorError::Sink(e)) if Snk::is_transient(&e) => {
-                    match retry_wait(
-                        self.options.retry,
-                        attempt,
-                        true,
-                        &e,
-                        "writing the batch to the sink",
-                    ) {
-                        Some(wait) => {
-                            attempt += 1;
-                            tokio::time::sleep(wait).await;
+                    match tries.after_failure(&mut self.stop, true, &e).await {
+                        Next::Retry => {}
+                        Next::Permanent => return Err(ExecutorError::Sink(e)),
+                        Next::GiveUp(why) => {
+                            return Err(gave_up(&tries, why, Some(ExecutorError::Sink(e))));
                         }
-                        None => return Err(ExecutorError::Sink(e)),
+                        Next::Stopped => {
+                            return Err(ExecutorError::Stopped { what: tries.what() });
+                        }
                     }
                 }
-                other => return other,
+                Err(other) => return Err(other),
             }
         }
     }
@@ -846,10 +889,14 @@ where
         write: bool,
     ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
         let batch = plan.id();
-        let retry = self.options.retry;
         let dead_letters = write && self.options.on_bad_record == BadRecordPolicy::DeadLetter;
         let mut processed = Processed::default();
-        let mut attempt = 1_u32;
+        let mut tries = Tries::new(
+            self.options.retry,
+            "reading the batch",
+            self.reached.get(Part::Source),
+            true,
+        );
         loop {
             let t = Instant::now();
             self.processor
@@ -869,7 +916,8 @@ where
                     .map_err(ExecutorError::DeadLetters)?;
             }
             let mut reader = retrying!(
-                retry,
+                self,
+                Part::Source,
                 "reading the batch",
                 self.source.read(plan.ranges()),
                 Src::is_transient,
@@ -878,7 +926,15 @@ where
             durations.get_batch = micros(t.elapsed());
             let mut streamed = Streamed::default();
             let failure = loop {
-                match reader.next_chunk().await {
+                // A stop cuts short a read that is being retried, not the first.
+                let next = match tries.attempt(&mut self.stop, reader.next_chunk()).await {
+                    Attempt::Done(next) => next,
+                    Attempt::Stopped => {
+                        return Err(ExecutorError::Stopped { what: tries.what() });
+                    }
+                    Attempt::TimedOut => return Err(gave_up(&tries, tries.timed_out(), None)),
+                };
+                match next {
                     Ok(Some(chunk)) => {
                         streamed.rows += chunk.len() as u64;
                         processed.clear();
@@ -925,18 +981,18 @@ where
                 }
                 Some(e) => {
                     drop(reader);
-                    match retry_wait(
-                        retry,
-                        attempt,
-                        Src::is_transient(&e),
-                        &e,
-                        "reading the batch",
-                    ) {
-                        Some(wait) => {
-                            attempt += 1;
-                            tokio::time::sleep(wait).await;
+                    match tries
+                        .after_failure(&mut self.stop, Src::is_transient(&e), &e)
+                        .await
+                    {
+                        Next::Retry => {}
+                        Next::Permanent => return Err(ExecutorError::Source(e)),
+                        Next::GiveUp(why) => {
+                            return Err(gave_up(&tries, why, Some(ExecutorError::Source(e))));
                         }
-                        None => return Err(ExecutorError::Source(e)),
+                        Next::Stopped => {
+                            return Err(ExecutorError::Stopped { what: tries.what() });
+                        }
                     }
                 }
             }
@@ -1045,27 +1101,28 @@ where
     }
 }
 
-/// Decides whether a failed call is tried again, and logs the retry. Returns the
-/// wait before the next attempt, or `None` to give up.
-fn retry_wait(
-    policy: RetryPolicy,
-    attempt: u32,
-    transient: bool,
-    error: &dyn std::fmt::Display,
-    what: &str,
-) -> Option<Duration> {
-    if attempt >= policy.max_attempts.max(1) || !transient {
-        return None;
+/// The error of a call whose retries were given up, with the last error seen.
+fn gave_up<S, T, P, K, D>(
+    tries: &Tries,
+    why: GaveUp,
+    last: Option<ExecutorError<S, T, P, K, D>>,
+) -> ExecutorError<S, T, P, K, D>
+where
+    S: std::error::Error + 'static,
+    T: std::error::Error + 'static,
+    P: std::error::Error + 'static,
+    K: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
+    ExecutorError::GaveUp {
+        retried: Retried {
+            what: tries.what(),
+            attempts: tries.attempts(),
+            elapsed: tries.elapsed(),
+            why,
+        },
+        last: last.map(Box::new),
     }
-    let wait = policy.backoff(attempt + 1);
-    tracing::warn!(
-        %error,
-        attempt = attempt + 1,
-        max_attempts = policy.max_attempts,
-        wait_ms = millis(wait),
-        "{what} failed; retrying"
-    );
-    Some(wait)
 }
 
 /// Waits for the next trigger. Returns true when the query should stop.

@@ -3,8 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use sluice_executor::{ExecutorError, Query, QueryOptions, QueryProgress, Trigger};
+use sluice_executor::{
+    ExecutorError, GaveUp, Query, QueryOptions, QueryProgress, Retried, RetryPolicy, Trigger,
+};
 use sluice_offsets::{
     BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, Log, Offset, OffsetBounds, OffsetRange,
     OffsetStore, PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets, StateFile,
@@ -19,6 +22,9 @@ struct TestError(String);
 /// A source failure that a retry may cure.
 const TRANSIENT: &str = "broker unavailable";
 
+/// A sink failure that a retry may cure.
+const SINK_UNAVAILABLE: &str = "sink unavailable";
+
 /// A log per partition: offsets [low, high) hold records valued "<p>-<offset>".
 #[derive(Clone, Default)]
 struct MemSource {
@@ -28,6 +34,8 @@ struct MemSource {
     calls: Arc<Mutex<u32>>,
     /// Failures that the next reads meet after their first chunk, first to last.
     read_failures: Arc<Mutex<Vec<&'static str>>>,
+    /// How long a failing `partitions` call takes to fail.
+    failure_delay: Arc<Mutex<Duration>>,
 }
 
 /// Records per chunk of the in-memory source.
@@ -83,6 +91,8 @@ impl Source for MemSource {
             (!failures.is_empty()).then(|| failures.remove(0))
         };
         if let Some(message) = failure {
+            let delay = *self.failure_delay.lock().unwrap();
+            tokio::time::sleep(delay).await;
             return Err(TestError(message.to_owned()));
         }
         Ok(self
@@ -306,6 +316,8 @@ struct MemSink {
     /// How many times a batch was begun, restarts included.
     begins: Arc<Mutex<u32>>,
     fail_on: Option<BatchId>,
+    /// How many of the next begins fail as an unavailable sink does.
+    transient_failures: Arc<Mutex<u32>>,
 }
 
 impl MemSink {
@@ -322,6 +334,10 @@ impl MemSink {
 impl Sink for MemSink {
     type Error = TestError;
 
+    fn is_transient(error: &TestError) -> bool {
+        error.0 == SINK_UNAVAILABLE
+    }
+
     async fn begin_batch(
         &mut self,
         batch: BatchId,
@@ -329,6 +345,13 @@ impl Sink for MemSink {
     ) -> Result<(), TestError> {
         if self.fail_on == Some(batch) {
             return Err(TestError(format!("sink down at batch {batch}")));
+        }
+        {
+            let mut failures = self.transient_failures.lock().unwrap();
+            if *failures > 0 {
+                *failures -= 1;
+                return Err(TestError(SINK_UNAVAILABLE.to_owned()));
+            }
         }
         *self.begins.lock().unwrap() += 1;
         self.open = Some((batch, ranges.to_vec(), Vec::new()));
@@ -704,6 +727,7 @@ fn fast_retries(attempts: u32) -> sluice_executor::RetryPolicy {
         max_attempts: attempts,
         initial_backoff: std::time::Duration::from_millis(1),
         max_backoff: std::time::Duration::from_millis(4),
+        startup_timeout: std::time::Duration::from_secs(60),
     }
 }
 
@@ -757,11 +781,226 @@ async fn transient_source_failures_are_retried_and_permanent_ones_stop_at_once()
         MemSink::default(),
     );
     let err = query.run(never_stop(), |_| {}).await.unwrap_err();
-    assert_eq!(err.to_string(), TRANSIENT);
+    assert!(
+        matches!(
+            &err,
+            ExecutorError::GaveUp {
+                retried: Retried {
+                    attempts: 5,
+                    why: GaveUp::Attempts,
+                    ..
+                },
+                last: Some(_),
+            }
+        ),
+        "{err}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.starts_with("discovering partitions failed 5 times in ")
+            && message
+                .ends_with("giving up at retry.max_attempts; the last error: broker unavailable"),
+        "the message counts the tries really made: {message}"
+    );
     assert_eq!(
         *down.calls.lock().unwrap(),
         5,
         "gives up after max_attempts"
+    );
+}
+
+/// A source that never answers: every discovery fails after `delay`, as a
+/// request to an unreachable broker times out.
+fn unreachable_source(delay: Duration) -> MemSource {
+    let source = MemSource::with(&[(0, 10)]);
+    source.failures.lock().unwrap().extend([TRANSIENT; 1000]);
+    *source.failure_delay.lock().unwrap() = delay;
+    source
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_unreachable_at_start_fails_within_the_startup_timeout() {
+    let source = unreachable_source(Duration::from_secs(30));
+    let mut opts = options(Trigger::AvailableNow, None);
+    opts.retry = RetryPolicy::default();
+    let started = tokio::time::Instant::now();
+    let mut query = Query::new(
+        opts,
+        "q".into(),
+        source.clone(),
+        MemStore::default(),
+        MemSink::default(),
+    );
+    let err = query.run(never_stop(), |_| {}).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(took <= Duration::from_secs(60), "took {took:?}");
+    assert!(
+        took >= Duration::from_secs(59),
+        "gave up early, after {took:?}"
+    );
+    // 30 s, a second's wait, then the second attempt is cut short at 60 s.
+    assert_eq!(*source.calls.lock().unwrap(), 2);
+    match &err {
+        ExecutorError::GaveUp {
+            retried:
+                Retried {
+                    attempts: 2,
+                    why: GaveUp::StartupTimeout(limit),
+                    ..
+                },
+            last: Some(last),
+        } => {
+            assert_eq!(*limit, Duration::from_secs(60));
+            assert_eq!(last.to_string(), TRANSIENT);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        err.to_string().contains("retry.startup_timeout (1m)"),
+        "{err}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_lost_after_the_start_is_retried_max_attempts_times() {
+    let source = MemSource::with(&[(0, 10)]);
+    let mut opts = options(Trigger::ProcessingTime(Duration::from_secs(1)), None);
+    opts.retry = RetryPolicy::default();
+    let (stop_tx, stop) = watch::channel(false);
+    let mut query = Query::new(
+        opts,
+        "q".into(),
+        source.clone(),
+        MemStore::default(),
+        MemSink::default(),
+    );
+    let lose = source.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        lose.failures.lock().unwrap().extend([TRANSIENT; 1000]);
+        *lose.failure_delay.lock().unwrap() = Duration::from_secs(30);
+        let _ = stop_tx;
+        std::future::pending::<()>().await;
+    });
+    let started = tokio::time::Instant::now();
+    let err = query.run(stop, |_| {}).await.unwrap_err();
+    // Well past the startup timeout: the source had answered.
+    assert!(started.elapsed() > Duration::from_secs(400));
+    assert!(
+        matches!(
+            err,
+            ExecutorError::GaveUp {
+                retried: Retried {
+                    attempts: 10,
+                    why: GaveUp::Attempts,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_request_ends_the_retrying_at_once() {
+    let source = unreachable_source(Duration::from_secs(30));
+    let mut opts = options(Trigger::ProcessingTime(Duration::from_secs(1)), None);
+    opts.retry = RetryPolicy {
+        startup_timeout: Duration::from_secs(3600),
+        ..RetryPolicy::default()
+    };
+    let (stop_tx, stop) = watch::channel(false);
+    let mut query = Query::new(
+        opts,
+        "q".into(),
+        source.clone(),
+        MemStore::default(),
+        MemSink::default(),
+    );
+    tokio::spawn(async move {
+        // During the second attempt; then during a backoff wait below.
+        tokio::time::sleep(Duration::from_secs(45)).await;
+        let _ = stop_tx.send(true);
+    });
+    let started = tokio::time::Instant::now();
+    let summary = query.run(stop, |_| {}).await.unwrap();
+    assert_eq!(summary.batches, 0);
+    assert_eq!(started.elapsed(), Duration::from_secs(45));
+
+    // A stop during a backoff wait.
+    let mut opts = options(Trigger::ProcessingTime(Duration::from_secs(1)), None);
+    opts.retry = RetryPolicy {
+        initial_backoff: Duration::from_secs(600),
+        max_backoff: Duration::from_secs(600),
+        startup_timeout: Duration::from_secs(3600),
+        ..RetryPolicy::default()
+    };
+    let source = unreachable_source(Duration::from_secs(1));
+    let (stop_tx, stop) = watch::channel(false);
+    let mut query = Query::new(
+        opts,
+        "q".into(),
+        source,
+        MemStore::default(),
+        MemSink::default(),
+    );
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let _ = stop_tx.send(true);
+    });
+    let started = tokio::time::Instant::now();
+    query.run(stop, |_| {}).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn transient_sink_failures_are_retried_and_a_permanent_one_writes_no_commit() {
+    let source = MemSource::with(&[(0, 10)]);
+    let sink = MemSink::default();
+    *sink.transient_failures.lock().unwrap() = 2;
+    let store = MemStore::default();
+    let mut opts = options(Trigger::AvailableNow, None);
+    opts.retry = fast_retries(5);
+    let mut query = Query::new(
+        opts.clone(),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        sink.clone(),
+    );
+    let summary = query.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!(summary.batches, 1);
+    assert_eq!(sorted(sink.values()), all_values(&[(0, 10)]));
+    assert_eq!(
+        *sink.begins.lock().unwrap(),
+        1,
+        "two failed begins, one that worked"
+    );
+
+    let sink = MemSink::default();
+    *sink.transient_failures.lock().unwrap() = 100;
+    let store = MemStore::default();
+    let mut query = Query::new(opts, "q".into(), source, store.clone(), sink.clone());
+    let err = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExecutorError::GaveUp {
+                retried: Retried { attempts: 5, .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        store.commits.lock().unwrap().is_empty(),
+        "no commit without the sink"
+    );
+    assert_eq!(
+        store.plans.lock().unwrap().len(),
+        1,
+        "the plan waits for a replay"
     );
 }
 

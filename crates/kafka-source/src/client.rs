@@ -1,9 +1,9 @@
 //! Blocking requests to the cluster (metadata, offsets by timestamp, committed
-//! offsets), retried as `fetch_offset_num_retries` says. Callers run them on
-//! tokio's blocking pool.
+//! offsets). Each is one attempt, bounded by the request timeout: the executor's
+//! retry policy decides whether and when to try again, so that no request is
+//! retried inside a retry. Callers run them on tokio's blocking pool.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::thread::sleep;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -38,32 +38,17 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    /// Runs `request` until it succeeds or the retries are spent.
-    fn retry<T>(
+    /// Runs `request` once, naming the cluster and the request if it fails.
+    fn request<T>(
         &self,
         what: impl Fn() -> String,
-        mut request: impl FnMut() -> Result<T, KafkaError>,
+        request: impl FnOnce() -> Result<T, KafkaError>,
     ) -> Result<T, KafkaSourceError> {
-        let attempts = self.config.fetch_offset_num_retries + 1;
-        let mut attempt = 1;
-        loop {
-            match request() {
-                Ok(value) => return Ok(value),
-                Err(e) if attempt < attempts => {
-                    tracing::warn!(attempt, error = %e, "{} failed; retrying", what());
-                    sleep(self.config.fetch_offset_retry_interval);
-                    attempt += 1;
-                }
-                Err(source) => {
-                    return Err(KafkaSourceError::Unreachable {
-                        bootstrap: self.config.bootstrap_servers.clone(),
-                        what: what(),
-                        attempts,
-                        source: Box::new(source),
-                    });
-                }
-            }
-        }
+        request().map_err(|source| KafkaSourceError::Unreachable {
+            bootstrap: self.config.bootstrap_servers.clone(),
+            what: what(),
+            source: Box::new(source),
+        })
     }
 
     fn metadata(&self) -> Result<Metadata, KafkaSourceError> {
@@ -77,7 +62,7 @@ impl Client {
             }
             _ => None,
         };
-        self.retry(
+        self.request(
             || "fetching metadata".to_owned(),
             || {
                 self.consumer
@@ -137,13 +122,13 @@ impl Client {
                     source: Box::new(source),
                 })?;
         }
-        let answer = self.retry(
+        let answer = self.request(
             || format!("listing offsets of {} partitions", queries.len()),
             || {
                 let answer = self
                     .consumer
                     .offsets_for_times(request.clone(), self.config.request_timeout)?;
-                // A partition-level error fails the round, so that it is retried.
+                // A partition-level error fails the round, so that it is retried whole.
                 for elem in answer.elements() {
                     elem.error()?;
                 }
@@ -162,7 +147,7 @@ impl Client {
         for tp in partitions {
             request.add_partition(&tp.topic, tp.partition);
         }
-        let answer = self.retry(
+        let answer = self.request(
             || format!("reading the committed offsets of group {}", self.group_id),
             || {
                 self.consumer

@@ -31,14 +31,11 @@ pub struct KafkaSourceConfig {
     pub client_options: BTreeMap<String, String>,
     /// Stop when offsets a batch needs are gone (default), or skip ahead and report.
     pub fail_on_data_loss: bool,
-    /// How often to retry a failed offset or metadata request (default 3).
-    pub fetch_offset_num_retries: u32,
-    /// How long to wait between those retries (default 1 s).
-    pub fetch_offset_retry_interval: Duration,
     /// How long a read may go without progress while records are still owed
     /// (default 120 s, Spark's `kafkaConsumer.pollTimeoutMs`).
     pub poll_timeout: Duration,
-    /// The timeout of one metadata or offset request (default 30 s).
+    /// The timeout of one metadata or offset request (default 30 s). A failed
+    /// request is not retried here: the executor's retry policy does that.
     pub request_timeout: Duration,
     /// Whether records carry their headers.
     pub include_headers: bool,
@@ -63,8 +60,6 @@ impl KafkaSourceConfig {
             group_id: None,
             client_options: BTreeMap::new(),
             fail_on_data_loss: true,
-            fetch_offset_num_retries: 3,
-            fetch_offset_retry_interval: Duration::from_secs(1),
             poll_timeout: Duration::from_secs(120),
             request_timeout: Duration::from_secs(30),
             include_headers: false,

@@ -35,18 +35,14 @@ pub enum KafkaSourceError {
         #[source]
         source: Box<KafkaError>,
     },
-    /// Requests kept failing, typically because no broker answers.
-    #[error(
-        "cannot reach Kafka at {bootstrap}: {what} failed {attempts} times; last error: {source}"
-    )]
+    /// A metadata or offsets request failed, typically because no broker answers.
+    #[error("cannot reach Kafka at {bootstrap}: {what} failed: {source}")]
     Unreachable {
         /// The bootstrap servers.
         bootstrap: String,
         /// The request, e.g. `listing offsets of 12 partitions`.
         what: String,
-        /// How many times it was tried.
-        attempts: u32,
-        /// The last error.
+        /// The error.
         #[source]
         source: Box<KafkaError>,
     },
@@ -120,6 +116,21 @@ pub enum KafkaSourceError {
     /// again cures (a broker restart, a transaction that timed out).
     #[error("{what} failed, and the transaction was aborted: {source}")]
     Aborted {
+        /// What was being done.
+        what: String,
+        /// librdkafka's error.
+        #[source]
+        source: Box<KafkaError>,
+    },
+    /// A transaction's commit failed without saying whether it went through.
+    /// Writing the batch again in this process could write it twice, so the
+    /// runner stops; the next start's `init_transactions` settles the
+    /// transaction, and recovery reads whether the batch reached Kafka.
+    #[error(
+        "{what} failed, and whether it went through is not known: {source}; this runner stops, \
+         and the next start finds out and writes the batch again only if it is missing"
+    )]
+    CommitUnknown {
         /// What was being done.
         what: String,
         /// librdkafka's error.

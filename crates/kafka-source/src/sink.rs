@@ -522,7 +522,8 @@ impl KafkaSink {
             match self.producer.send(out) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    // The producer's queue is full: its thread drains it.
+                    // Backpressure, not a retry: the producer's queue is full,
+                    // and its thread drains it.
                     out = back;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
@@ -757,7 +758,7 @@ impl Sink for KafkaSink {
                 // Whether the commit went through is not known: the next runner's
                 // `init_transactions` settles it, and `delivered` reads the outcome.
                 Err(KafkaSourceError::Aborted { what, source }) => {
-                    Err(KafkaSourceError::Kafka { what, source })
+                    Err(KafkaSourceError::CommitUnknown { what, source })
                 }
                 Err(e) => Err(e),
             };
@@ -766,7 +767,13 @@ impl Sink for KafkaSink {
     }
 
     fn is_transient(error: &KafkaSourceError) -> bool {
-        matches!(error, KafkaSourceError::Aborted { .. })
+        match error {
+            KafkaSourceError::Aborted { .. } => true,
+            // At least once, a batch whose records were not all acknowledged is
+            // produced again; its duplicates carry the same dedupe headers.
+            KafkaSourceError::Kafka { source, .. } => retriable(source),
+            _ => false,
+        }
     }
 
     async fn delivered(
@@ -810,6 +817,34 @@ impl Sink for KafkaSink {
 }
 
 /// Whether a failed transaction call left the transaction to be aborted.
+/// Whether a produce or flush failure may go away when the batch is produced
+/// again: the cluster was away or slow, not the record or the rights wrong. A
+/// transaction's errors are classified apart, as fenced, aborted or unknown.
+fn retriable(error: &KafkaError) -> bool {
+    if matches!(error, KafkaError::Transaction(_)) {
+        return false;
+    }
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageTimedOut
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::NetworkException
+                | RDKafkaErrorCode::QueueFull
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::NotEnoughReplicas
+                | RDKafkaErrorCode::NotEnoughReplicasAfterAppend
+                | RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::Resolve
+        )
+    )
+}
+
 fn requires_abort(error: &KafkaSourceError) -> bool {
     match error {
         KafkaSourceError::Aborted { source, .. } => match source.as_ref() {
@@ -817,5 +852,41 @@ fn requires_abort(error: &KafkaSourceError) -> bool {
             _ => false,
         },
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kafka(code: RDKafkaErrorCode) -> KafkaSourceError {
+        KafkaSourceError::Kafka {
+            what: "producing batch 3 to out-0".to_owned(),
+            source: Box::new(KafkaError::MessageProduction(code)),
+        }
+    }
+
+    #[test]
+    fn a_cluster_away_is_retried_and_a_refused_record_or_an_unknown_commit_is_not() {
+        let transient = <KafkaSink as Sink>::is_transient;
+        assert!(transient(&kafka(RDKafkaErrorCode::MessageTimedOut)));
+        assert!(transient(&kafka(RDKafkaErrorCode::AllBrokersDown)));
+        assert!(transient(&KafkaSourceError::Kafka {
+            what: "flushing batch 3".to_owned(),
+            source: Box::new(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)),
+        }));
+        assert!(!transient(&kafka(RDKafkaErrorCode::MessageSizeTooLarge)));
+        assert!(!transient(&kafka(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+        )));
+        let timed_out = || Box::new(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+        assert!(transient(&KafkaSourceError::Aborted {
+            what: "flushing batch 3".to_owned(),
+            source: timed_out(),
+        }));
+        assert!(!transient(&KafkaSourceError::CommitUnknown {
+            what: "committing the transaction of batch 3".to_owned(),
+            source: timed_out(),
+        }));
     }
 }

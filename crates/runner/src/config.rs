@@ -79,6 +79,7 @@ pub struct RetrySection {
     pub max_attempts: Option<u32>,
     pub initial_backoff: Option<String>,
     pub max_backoff: Option<String>,
+    pub startup_timeout: Option<String>,
 }
 
 /// `[source]`: Kafka, with Spark's option names.
@@ -398,6 +399,50 @@ fn with_suggestion(message: &str) -> String {
     }
 }
 
+/// Refuses an option of another sink type than the one configured, which
+/// would otherwise be ignored without a word.
+fn check_sink_options(sink: &SinkSection) -> Result<()> {
+    let set = [
+        ("path", sink.path.is_some()),
+        ("format", sink.format.is_some()),
+        ("num_rows", sink.num_rows.is_some()),
+        ("truncate", sink.truncate.is_some()),
+        ("topic", sink.topic.is_some()),
+        ("bootstrap_servers", sink.bootstrap_servers.is_some()),
+        ("kafka", !sink.kafka.is_empty()),
+        ("nodes", sink.nodes.is_some()),
+        ("keyspace", sink.keyspace.is_some()),
+        ("table", sink.table.is_some()),
+        ("columns", !sink.columns.is_empty()),
+        ("username", sink.auth.username.is_some()),
+        ("password", sink.auth.password.is_some()),
+        ("password_env", sink.auth.password_env.is_some()),
+        ("tls_ca_file", sink.auth.tls_ca_file.is_some()),
+    ];
+    let owner = |key: &str| match key {
+        "path" => "jsonl",
+        "format" | "num_rows" | "truncate" => "console",
+        "topic" | "bootstrap_servers" | "kafka" => "kafka",
+        _ => "cassandra",
+    };
+    let known = ["console", "discard", "jsonl", "kafka", "cassandra"];
+    if !known.contains(&sink.kind.as_str()) {
+        return Ok(());
+    }
+    match set
+        .iter()
+        .find(|(key, is_set)| *is_set && owner(key) != sink.kind)
+    {
+        Some((key, _)) => bail!(
+            "sink.{key} is an option of the {} sink, and sink.type is {:?}: remove it, or change \
+             the type",
+            owner(key),
+            sink.kind
+        ),
+        None => Ok(()),
+    }
+}
+
 fn settings(config: Config) -> Result<Settings> {
     let source = config.source;
     let bootstrap = std::env::var(BOOTSTRAP_ENV)
@@ -447,11 +492,26 @@ fn settings(config: Config) -> Result<Settings> {
     if let Some(ms) = source.poll_timeout_ms {
         kafka.poll_timeout = Duration::from_millis(ms);
     }
-    if let Some(n) = source.fetch_offset_num_retries {
-        kafka.fetch_offset_num_retries = n;
-    }
-    if let Some(ms) = source.fetch_offset_retry_interval_ms {
-        kafka.fetch_offset_retry_interval = Duration::from_millis(ms);
+    // Spark's names for the client's own retries. Sluice retries each request
+    // under the one `[retry]` policy instead, so that no request is retried
+    // inside a retry (which once took 23 minutes to give up on a dead cluster).
+    for (set, key) in [
+        (
+            source.fetch_offset_num_retries.is_some(),
+            "fetch_offset_num_retries",
+        ),
+        (
+            source.fetch_offset_retry_interval_ms.is_some(),
+            "fetch_offset_retry_interval_ms",
+        ),
+    ] {
+        if set {
+            bail!(
+                "source.{key} is not an option of Sluice: every request is retried under \
+                 [retry] (max_attempts, initial_backoff, max_backoff, startup_timeout); \
+                 remove it and set those instead"
+            );
+        }
     }
     if let Some(ms) = source.request_timeout_ms {
         kafka.request_timeout = Duration::from_millis(ms);
@@ -488,6 +548,17 @@ fn settings(config: Config) -> Result<Settings> {
         None => None,
         Some(n) => Some(NonZeroU64::new(n).context("max_offsets_per_trigger must be at least 1")?),
     };
+    if source.min_offsets_per_trigger == Some(0) {
+        bail!("min_offsets_per_trigger must be at least 1; leave it out to run on any new offset");
+    }
+    if let (Some(min), Some(max)) = (source.min_offsets_per_trigger, max_offsets_per_trigger)
+        && min > max.get()
+    {
+        bail!(
+            "min_offsets_per_trigger ({min}) is above max_offsets_per_trigger ({max}): a batch \
+             would wait for more offsets than it may read; lower the first or raise the second"
+        );
+    }
     let min_offsets_per_trigger = match (source.min_offsets_per_trigger, source.max_trigger_delay) {
         (None, None) => None,
         (None, Some(_)) => bail!("max_trigger_delay needs min_offsets_per_trigger"),
@@ -677,6 +748,10 @@ fn settings(config: Config) -> Result<Settings> {
         ),
         (sluice_offsets::BadRecordPolicy::DeadLetter, Some(dead)) => {
             match (dead.path, dead.topic) {
+                (Some(_), None) if dead.bootstrap_servers.is_some() => bail!(
+                    "dead_letter.bootstrap_servers is for a dead-letter topic, and [dead_letter] \
+                     names a directory (path)"
+                ),
                 (Some(path), None) => DeadLetters::Directory(path),
                 (None, Some(topic)) => DeadLetters::Kafka(sluice_kafka_source::KafkaSinkConfig {
                     bootstrap_servers: dead
@@ -732,6 +807,7 @@ fn settings(config: Config) -> Result<Settings> {
             config.sink.kind
         );
     }
+    check_sink_options(&config.sink)?;
     let sink = match config.sink.kind.as_str() {
         "console" => {
             let json = match config.sink.format.as_deref() {
@@ -853,6 +929,20 @@ fn settings(config: Config) -> Result<Settings> {
     }
     if let Some(text) = &config.retry.max_backoff {
         retry.max_backoff = parse_duration("retry.max_backoff", text)?;
+    }
+    if retry.initial_backoff > retry.max_backoff {
+        bail!(
+            "retry.initial_backoff ({}) is longer than retry.max_backoff ({}): the first wait \
+             cannot exceed the longest",
+            humantime::format_duration(retry.initial_backoff),
+            humantime::format_duration(retry.max_backoff)
+        );
+    }
+    if let Some(text) = &config.retry.startup_timeout {
+        retry.startup_timeout = parse_duration("retry.startup_timeout", text)?;
+        if retry.startup_timeout.is_zero() {
+            bail!("retry.startup_timeout must be longer than 0s");
+        }
     }
 
     Ok(Settings {
@@ -998,6 +1088,36 @@ mod tests {
                 "location = \"/tmp/q\"",
                 "location = \"/tmp/q\"\nreplication = \"x\"",
                 "apply to cassandra:// locations only",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nmin_offsets_per_trigger = 5000\nmax_offsets_per_trigger = 1000",
+                "min_offsets_per_trigger (5000) is above max_offsets_per_trigger (1000)",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nmin_offsets_per_trigger = 0",
+                "min_offsets_per_trigger must be at least 1",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nfetch_offset_num_retries = 3",
+                "every request is retried under [retry]",
+            ),
+            (
+                "type = \"console\"",
+                "type = \"console\"\ntopic = \"out\"",
+                "sink.topic is an option of the kafka sink, and sink.type is \"console\"",
+            ),
+            (
+                "type = \"console\"",
+                "type = \"jsonl\"\npath = \"/tmp/out\"\nnum_rows = 5",
+                "sink.num_rows is an option of the console sink",
+            ),
+            (
+                "type = \"console\"",
+                "type = \"discard\"\n[sink.kafka]\n\"linger.ms\" = 5",
+                "sink.kafka is an option of the kafka sink",
             ),
         ];
         for (from, to, expected) in cases {

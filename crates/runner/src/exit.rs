@@ -105,6 +105,21 @@ impl Exit {
                 }
             }
             e @ ExecutorError::DeadLetters(_) => Exit::runtime(e.into()),
+            // The last error chooses the code; the message keeps the count of
+            // tries and the limit that ended them.
+            ExecutorError::GaveUp {
+                retried,
+                last: Some(last),
+            } => {
+                let inner = Exit::executor(*last);
+                Exit {
+                    code: inner.code,
+                    error: inner.error.context(format!("{retried}; the last error")),
+                }
+            }
+            e @ ExecutorError::GaveUp { last: None, .. } => Exit::runtime(e.into()),
+            // Never returned by a run; a stop is not a failure.
+            e @ ExecutorError::Stopped { .. } => Exit::runtime(e.into()),
         }
     }
 }

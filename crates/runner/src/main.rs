@@ -98,7 +98,8 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    init_logging(cli.log_format);
+    let log_format = cli.log_format;
+    init_logging(log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -116,14 +117,38 @@ fn main() -> ExitCode {
             Command::Offsets { command } => offsets_cmd::run(command).await,
         }
     });
+    // A request that a stop cut short may still be waiting for its timeout on
+    // the blocking pool; it has nothing left to do for anyone.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(exit) => {
-            tracing::error!("{:#}", exit.error);
-            eprintln!("sluice: {:#}", exit.error);
+            // Once: as a JSON log line where logs are read by machines, as a
+            // plain line for people otherwise.
+            match log_format {
+                LogFormat::Json => tracing::error!("{}", error_chain(&exit.error)),
+                LogFormat::Text => eprintln!("sluice: {}", error_chain(&exit.error)),
+            }
             ExitCode::from(exit.code)
         }
     }
+}
+
+/// An error and its causes, each said once: many of our errors already name
+/// their cause in their own message, which anyhow's `{:#}` would repeat.
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
 }
 
 fn init_logging(format: LogFormat) {
@@ -131,7 +156,13 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes are for a terminal, not for a file or a pipe; NO_COLOR
+        // (no-color.org) turns them off there too.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        );
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -615,7 +646,29 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
 
 #[cfg(test)]
 mod tests {
-    use super::MI_OPTION_PURGE_DELAY;
+    use super::{MI_OPTION_PURGE_DELAY, error_chain};
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot reach Kafka at h:1: fetching metadata failed: {source}")]
+    struct Names {
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let error = anyhow::Error::new(Names {
+            source: std::io::Error::other("transport failure"),
+        })
+        .context("discovering partitions failed 2 times");
+        assert_eq!(
+            error_chain(&error),
+            "discovering partitions failed 2 times: cannot reach Kafka at h:1: fetching \
+             metadata failed: transport failure"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&plain), "outer: inner");
+    }
 
     /// The option tuned is the one meant: mimalloc 3's purge delay defaults to
     /// 1,000 ms. A mimalloc whose option numbering moved fails here instead of

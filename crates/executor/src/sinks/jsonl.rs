@@ -157,6 +157,10 @@ impl JsonlSink {
 impl Sink for JsonlSink {
     type Error = SinkError;
 
+    fn is_transient(error: &SinkError) -> bool {
+        error.is_transient()
+    }
+
     async fn begin_batch(
         &mut self,
         batch: BatchId,
@@ -183,6 +187,10 @@ impl Sink for JsonlSink {
 
 impl Sink<RecordBatch> for JsonlSink {
     type Error = SinkError;
+
+    fn is_transient(error: &SinkError) -> bool {
+        error.is_transient()
+    }
 
     async fn begin_batch(
         &mut self,

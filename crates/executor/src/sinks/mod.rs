@@ -40,6 +40,24 @@ pub enum SinkError {
     Rows(String),
 }
 
+impl SinkError {
+    /// Whether writing the batch again may succeed: a full disk or quota may
+    /// be freed, a timed-out network file system may answer. A missing right
+    /// or a bad path does not go away by itself, and stops the query at once.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SinkError::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::StorageFull
+                    | std::io::ErrorKind::QuotaExceeded
+                    | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::Interrupted
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// Appends a record to `out` as one JSON object: `headers` (when present), `key`,
 /// `offset`, `partition`, `timestamp`, `timestampType`, `topic` and `value`. Keys,
 /// values and header values that are not UTF-8 text are written base64-encoded
