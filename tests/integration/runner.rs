@@ -173,6 +173,20 @@ async fn available_now_delivers_every_record_exactly_once_across_runs() {
             .iter()
             .all(|p| p["numInputRows"].as_u64().unwrap() <= 700)
     );
+    // The text log has one short line per batch; the JSON stays in the file.
+    let log = stderr(&output);
+    for batch in 0..2 {
+        assert!(
+            log.contains(&format!("batch {batch}: 700 rows in ")),
+            "{log}"
+        );
+    }
+    assert!(log.contains("batch 2: 600 rows in "), "{log}");
+    assert!(log.contains("behind latest 0, wal "), "{log}");
+    assert!(
+        !log.contains("numInputRows"),
+        "no JSON in the text log: {log}"
+    );
     println!(
         "progress line: {}",
         serde_json::to_string(&progress[0]).unwrap()

@@ -639,13 +639,7 @@ where
                     ]),
                 })
                 .collect();
-            tracing::info!(
-                batch = batch.0,
-                rows,
-                duration_ms = planned.durations.trigger_execution / 1000,
-                "{}",
-                progress.to_json()
-            );
+            // The caller logs the report in the form its logs take.
             on_progress(&progress);
             summary.batches += 1;
             summary.records += rows;

@@ -48,6 +48,9 @@ enum LogFormat {
     Json,
 }
 
+/// How logs look: chosen once for the process, as the log subscriber is.
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a query until its trigger is done or it is stopped (SIGINT/SIGTERM).
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
         }
     };
     let log_format = cli.log_format;
+    let _ = LOG_FORMAT.set(log_format);
     init_logging(log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -470,6 +474,17 @@ where
     let stop = stop_on_signals();
     let mut query = Query::with_processor(options, query_id, source, store, processor, sink, dead);
     let on_progress = |progress: &QueryProgress| {
+        // One short line for people; the whole report where machines read logs.
+        match LOG_FORMAT.get().copied().unwrap_or(LogFormat::Text) {
+            LogFormat::Text => tracing::info!("{}", progress.summary()),
+            LogFormat::Json => tracing::info!(
+                batch = progress.batch_id,
+                rows = progress.num_input_rows,
+                progress = %progress.to_json(),
+                "{}",
+                progress.summary()
+            ),
+        }
         if let Some(file) = progress_file.as_mut()
             && let Err(e) = writeln!(file, "{}", progress.to_json())
         {
