@@ -14,6 +14,7 @@ mod bench;
 mod bench_scale;
 mod cassandra;
 mod devenv;
+mod fuzz;
 mod kafka;
 mod probe;
 mod process;
@@ -50,6 +51,9 @@ Tasks:
   bench soak [--batches N] [--store filesystem|cassandra]
                 100,000 tiny batches: batch cost at the start and the end, checkpoint
                 size and RSS over time
+  fuzz [--seconds N] [TARGET...]
+                run each cargo fuzz target (fuzz/) for N seconds (60) on nightly, after its
+                fixed crashes; targets: checkpoint_files, spark_offsets, config_toml, state_file
   spark-compat  fetch Spark's jars (about 220 MB, once) and check that Spark and Sluice read each
                 other's checkpoints
 ";
@@ -98,6 +102,7 @@ fn run(args: &[String]) -> Result<()> {
             spark_compat(&root)
         }),
         "spark-compat" => spark_compat(&root),
+        "fuzz" => fuzz::run(&root, &fuzz::FuzzArgs::parse(rest)?),
         "demo" => demo(&root, rest),
         "bench" => match rest.split_first() {
             Some((mode, rest)) if mode == "partitions" => {

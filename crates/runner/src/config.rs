@@ -371,9 +371,14 @@ pub struct Settings {
 pub fn load(path: &Path) -> Result<Settings> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the configuration {}", path.display()))?;
-    let config: Config = toml::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), with_suggestion(&e.to_string())))?;
-    settings(config).with_context(|| format!("{}", path.display()))
+    parse(&text, &path.display().to_string())
+}
+
+/// Checks the text of a configuration; errors name `origin`, the file.
+pub fn parse(text: &str, origin: &str) -> Result<Settings> {
+    let config: Config = toml::from_str(text)
+        .map_err(|e| anyhow::anyhow!("{origin}: {}", with_suggestion(&e.to_string())))?;
+    settings(config).with_context(|| origin.to_owned())
 }
 
 /// Adds "did you mean" to serde's unknown-field errors.
@@ -997,9 +1002,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Settings> {
-        let config: Config = toml::from_str(text)
-            .map_err(|e| anyhow::anyhow!("{}", with_suggestion(&e.to_string())))?;
-        settings(config)
+        super::parse(text, "query.toml")
     }
 
     const MINIMAL: &str = r#"
