@@ -485,8 +485,11 @@ where
                 progress.summary()
             ),
         }
+        // The line and its newline in one write: `writeln!` makes two, and a
+        // SIGKILL between them left a line without its end, which the next
+        // run's first line then continued (seen once in CI).
         if let Some(file) = progress_file.as_mut()
-            && let Err(e) = writeln!(file, "{}", progress.to_json())
+            && let Err(e) = file.write_all(format!("{}\n", progress.to_json()).as_bytes())
         {
             tracing::warn!(error = %e, "writing the progress file failed");
         }
