@@ -51,19 +51,17 @@ macro_rules! retrying {
                     break Ok(value);
                 }
                 Attempt::Done(Err(e)) => {
-                    match tries
+                    let next = tries
                         .after_failure(&mut $self.stop, $transient(&e), &e)
-                        .await
-                    {
-                        Next::Retry => last = Some(e),
-                        Next::Permanent => break Err($wrap(e)),
-                        Next::GiveUp(why) => break Err(gave_up(&tries, why, Some($wrap(e)))),
-                        Next::Stopped => break Err(ExecutorError::Stopped { what: $what }),
+                        .await;
+                    match settle(next, &tries, $wrap(e)) {
+                        Ok(retried) => last = Some(retried),
+                        Err(end) => break Err(end),
                     }
                 }
                 Attempt::Stopped => break Err(ExecutorError::Stopped { what: $what }),
                 Attempt::TimedOut => {
-                    break Err(gave_up(&tries, tries.timed_out(), last.map($wrap)));
+                    break Err(gave_up(&tries, tries.timed_out(), last));
                 }
             }
         }
@@ -308,6 +306,8 @@ where
                     .collect(),
                 inconsistency,
             })?;
+        self.take_over_sink().await?;
+        self.confirm_claim().await?;
         summary.last_committed = stored.latest_commit.as_ref().map(|c| c.id);
         let state_version = match recovery {
             Recovery::StartFresh => None,
@@ -837,6 +837,32 @@ where
     ///
     /// Without `write`, the sink and the dead letters get nothing: the batch is
     /// run for the processor's state alone.
+    /// Fences every earlier writer of the sink ([`Sink::take_over`]).
+    async fn take_over_sink(&mut self) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        retrying!(
+            self,
+            Part::Sink,
+            "taking over the sink",
+            self.sink.take_over(),
+            Snk::is_transient,
+            ExecutorError::Sink
+        )
+    }
+
+    /// Confirms after a take-over that the store still names this runner, so
+    /// that a runner that lost the query meanwhile stops before it writes
+    /// anything ([`OffsetStore::check_claim`]).
+    async fn confirm_claim(&mut self) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        retrying!(
+            self,
+            Part::Store,
+            "confirming that this runner holds the query",
+            self.store.check_claim(),
+            Store::is_transient,
+            ExecutorError::Store
+        )
+    }
+
     async fn stream(
         &mut self,
         plan: &BatchPlan,
@@ -857,17 +883,23 @@ where
                     }
                     return Ok(streamed);
                 }
+                // A runner that lost the query fenced the sink on its way out
+                // (its take-over came after ours, and its claim check stops it):
+                // while the store still names this runner, take the sink back.
+                Err(ExecutorError::Sink(e)) if Snk::is_fenced(&e) => {
+                    self.confirm_claim().await?;
+                    tracing::warn!(
+                        error = %e,
+                        "the sink was fenced, but this runner still holds the query: taking \
+                         the sink over again"
+                    );
+                    let next = tries.after_failure(&mut self.stop, true, &e).await;
+                    settle(next, &tries, ExecutorError::Sink(e))?;
+                    self.take_over_sink().await?;
+                }
                 Err(ExecutorError::Sink(e)) if Snk::is_transient(&e) => {
-                    match tries.after_failure(&mut self.stop, true, &e).await {
-                        Next::Retry => {}
-                        Next::Permanent => return Err(ExecutorError::Sink(e)),
-                        Next::GiveUp(why) => {
-                            return Err(gave_up(&tries, why, Some(ExecutorError::Sink(e))));
-                        }
-                        Next::Stopped => {
-                            return Err(ExecutorError::Stopped { what: tries.what() });
-                        }
-                    }
+                    let next = tries.after_failure(&mut self.stop, true, &e).await;
+                    settle(next, &tries, ExecutorError::Sink(e))?;
                 }
                 Err(other) => return Err(other),
             }
@@ -975,19 +1007,10 @@ where
                 }
                 Some(e) => {
                     drop(reader);
-                    match tries
+                    let next = tries
                         .after_failure(&mut self.stop, Src::is_transient(&e), &e)
-                        .await
-                    {
-                        Next::Retry => {}
-                        Next::Permanent => return Err(ExecutorError::Source(e)),
-                        Next::GiveUp(why) => {
-                            return Err(gave_up(&tries, why, Some(ExecutorError::Source(e))));
-                        }
-                        Next::Stopped => {
-                            return Err(ExecutorError::Stopped { what: tries.what() });
-                        }
-                    }
+                        .await;
+                    settle(next, &tries, ExecutorError::Source(e))?;
                 }
             }
         }
@@ -1096,6 +1119,30 @@ where
 }
 
 /// The error of a call whose retries were given up, with the last error seen.
+/// What a failed attempt's [`Next`] leaves to the loop: `Ok(error)` back to
+/// try again after the wait, or the error to end with (`error` itself when
+/// permanent).
+#[allow(clippy::type_complexity)]
+fn settle<S, T, P, K, D>(
+    next: Next,
+    tries: &Tries,
+    error: ExecutorError<S, T, P, K, D>,
+) -> Result<ExecutorError<S, T, P, K, D>, ExecutorError<S, T, P, K, D>>
+where
+    S: std::error::Error + 'static,
+    T: std::error::Error + 'static,
+    P: std::error::Error + 'static,
+    K: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
+    match next {
+        Next::Retry => Ok(error),
+        Next::Permanent => Err(error),
+        Next::GiveUp(why) => Err(gave_up(tries, why, Some(error))),
+        Next::Stopped => Err(ExecutorError::Stopped { what: tries.what() }),
+    }
+}
+
 fn gave_up<S, T, P, K, D>(
     tries: &Tries,
     why: GaveUp,

@@ -25,6 +25,9 @@ const TRANSIENT: &str = "broker unavailable";
 /// A sink failure that a retry may cure.
 const SINK_UNAVAILABLE: &str = "sink unavailable";
 
+/// A part that another runner fenced.
+const FENCED: &str = "fenced by another runner";
+
 /// A log per partition: offsets [low, high) hold records valued "<p>-<offset>".
 #[derive(Clone, Default)]
 struct MemSource {
@@ -183,10 +186,19 @@ struct MemStore {
     state: Arc<Mutex<BTreeMap<StateKey, Vec<u8>>>>,
     /// Refuse every snapshot, as a full or failing disk would.
     refuse_snapshots: Arc<std::sync::atomic::AtomicBool>,
+    /// Another runner claimed the query: the claim check fails.
+    claim_lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl OffsetStore for MemStore {
     type Error = TestError;
+
+    async fn check_claim(&mut self) -> Result<(), TestError> {
+        if self.claim_lost.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(TestError(FENCED.to_owned()));
+        }
+        Ok(())
+    }
 
     async fn load(&mut self) -> Result<StoredBatches, TestError> {
         let plans = self.plans.lock().unwrap();
@@ -1470,4 +1482,131 @@ async fn a_snapshot_that_cannot_be_written_leaves_the_query_running_on_deltas() 
         .cloned()
         .expect("the snapshot after batch 39");
     assert_eq!(u64::from_be_bytes(snapshot.try_into().unwrap()), 118);
+}
+
+/// A sink that fences earlier writers when taken over, and that a runner on
+/// its way out fences once, at the end of one batch.
+#[derive(Clone, Default)]
+struct FencedSink {
+    inner: MemSink,
+    take_overs: Arc<Mutex<Vec<Option<BatchId>>>>,
+    fence_at: Arc<Mutex<Option<BatchId>>>,
+    batch: Option<BatchId>,
+}
+
+impl Sink for FencedSink {
+    type Error = TestError;
+
+    async fn take_over(&mut self) -> Result<(), TestError> {
+        self.take_overs.lock().unwrap().push(self.batch);
+        Ok(())
+    }
+
+    fn is_fenced(error: &TestError) -> bool {
+        error.0 == FENCED
+    }
+
+    async fn begin_batch(
+        &mut self,
+        batch: BatchId,
+        ranges: &[OffsetRange],
+    ) -> Result<(), TestError> {
+        self.batch = Some(batch);
+        self.inner.begin_batch(batch, ranges).await
+    }
+
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), TestError> {
+        self.inner.write(records).await
+    }
+
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), TestError> {
+        if self
+            .fence_at
+            .lock()
+            .unwrap()
+            .take_if(|at| *at == batch)
+            .is_some()
+        {
+            return Err(TestError(FENCED.to_owned()));
+        }
+        self.inner.finish_batch(batch).await
+    }
+}
+
+#[tokio::test]
+async fn a_sink_fenced_while_the_store_names_this_runner_is_taken_over_again() {
+    let source = MemSource::with(&[(0, 30)]);
+    let store = MemStore::default();
+    let sink = FencedSink::default();
+    *sink.fence_at.lock().unwrap() = Some(BatchId(1));
+    let mut opts = options(Trigger::AvailableNow, Some(10));
+    opts.retry = fast_retries(5);
+    let mut query = Query::new(opts, "q".into(), source, store.clone(), sink.clone());
+    query.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!(
+        *sink.take_overs.lock().unwrap(),
+        vec![None, Some(BatchId(1))],
+        "taken over before the first batch, and again after the fence"
+    );
+    assert_eq!(sorted(sink.inner.values()), all_values(&[(0, 30)]));
+    assert_eq!(store.commits.lock().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_runner_that_lost_the_query_writes_nothing_after_its_take_over() {
+    let source = MemSource::with(&[(0, 30)]);
+    let store = MemStore::default();
+    store
+        .claim_lost
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let sink = FencedSink::default();
+    let mut query = Query::new(
+        options(Trigger::AvailableNow, Some(10)),
+        "q".into(),
+        source,
+        store.clone(),
+        sink.clone(),
+    );
+    let error = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert!(
+        matches!(error, ExecutorError::Store(ref e) if e.0 == FENCED),
+        "{error}"
+    );
+    assert_eq!(sink.take_overs.lock().unwrap().len(), 1);
+    assert!(sink.inner.values().is_empty());
+    assert!(store.plans.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_fenced_sink_stops_the_runner_once_the_store_no_longer_names_it() {
+    let source = MemSource::with(&[(0, 30)]);
+    let store = MemStore::default();
+    let sink = FencedSink::default();
+    *sink.fence_at.lock().unwrap() = Some(BatchId(1));
+    let lost = store.claim_lost.clone();
+    let mut query = Query::new(
+        options(Trigger::AvailableNow, Some(10)),
+        "q".into(),
+        source,
+        store.clone(),
+        sink.clone(),
+    );
+    let error = query
+        .run(never_stop(), |progress| {
+            if progress.batch_id == 0 {
+                lost.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ExecutorError::Store(ref e) if e.0 == FENCED),
+        "{error}"
+    );
+    assert_eq!(
+        sink.take_overs.lock().unwrap().len(),
+        1,
+        "no second take-over"
+    );
+    assert!(!store.commits.lock().unwrap().contains_key(&BatchId(1)));
 }

@@ -225,6 +225,27 @@ pub trait Sink<T: ?Sized + Sync = RecordChunk>: Send {
         false
     }
 
+    /// Fences every earlier writer of this query's output, so that a runner that
+    /// lost the query cannot write to the sink any more (a Kafka transactional
+    /// producer's `init_transactions`). The executor calls it before the first
+    /// batch and then confirms with [`OffsetStore::check_claim`] that this runner
+    /// still holds the query, so a runner that lost the query in between writes
+    /// nothing. The default has nothing to fence.
+    ///
+    /// [`OffsetStore::check_claim`]: crate::OffsetStore::check_claim
+    fn take_over(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Whether `error` says another writer fenced this sink. When the store
+    /// confirms that this runner still holds the query, the fence came from a
+    /// runner that is about to stop, and the executor takes the sink over again
+    /// and retries the batch. The default says no.
+    fn is_fenced(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Asked on recovery about a batch that was planned but not committed:
     /// whether its whole output already reached the sink, so that only the
     /// commit is left to write. The default says no, and the batch is replayed.

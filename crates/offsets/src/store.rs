@@ -94,6 +94,17 @@ pub trait OffsetStore: Send {
     /// Where a state file lives, for messages.
     fn describe_state(&self, operator: u32, file: StateFileId) -> String;
 
+    /// Confirms that this runner still holds the query, failing as fenced when a
+    /// later runner claimed it. Asked after the sink fenced earlier writers
+    /// ([`Sink::take_over`]): a runner that lost the query in between must stop
+    /// before it writes anything. A store that no other runner can claim while
+    /// this one runs (the checkpoint directory's lock) always holds it.
+    ///
+    /// [`Sink::take_over`]: crate::Sink::take_over
+    fn check_claim(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
+    }
+
     /// Whether `error` may go away by itself (the database restarting, a
     /// timeout), so that the same call is worth trying again. Implementations make
     /// their writes idempotent so that a retried write that had in fact succeeded is
