@@ -1,16 +1,23 @@
-//! One Apache Cassandra 5.0 node bound to loopback.
+//! Apache Cassandra 5.0 nodes bound to loopback: the plain one most tests use, and
+//! a secured one (password authentication, client TLS) for the security tests.
+//! They are separate single-node clusters sharing one set of jars.
 
 use std::fs;
 use std::process::Command;
 
 use anyhow::Result;
 
-use crate::devenv::Service;
+use crate::devenv::{Kind, Service};
+use crate::tls::{self, Tls};
 
 /// The CQL native transport port.
 pub const PORT: u16 = 9042;
 /// The inter-node storage port; a single node still binds it.
 pub const STORAGE_PORT: u16 = 7000;
+/// The secured node's CQL port: TLS only, password authentication.
+pub const SECURE_PORT: u16 = 9142;
+/// The secured node's storage port.
+pub const SECURE_STORAGE_PORT: u16 = 7010;
 
 /// Java 17 module options that Cassandra 5.0 needs, as its `jvm17-server.options` lists them.
 const JAVA17_OPTIONS: &[&str] = &[
@@ -44,7 +51,17 @@ pub fn prepare(service: &Service) -> Result<()> {
     let conf = service.dir.join("conf");
     fs::create_dir_all(&conf)?;
     fs::create_dir_all(service.dir.join("data"))?;
-    fs::write(conf.join("cassandra.yaml"), cassandra_yaml(service))?;
+    let secured = if service.kind == Kind::SecureCassandra {
+        let tls = Tls::new(service.dev_env());
+        tls.ensure()?;
+        secured_yaml(&tls)
+    } else {
+        String::new()
+    };
+    fs::write(
+        conf.join("cassandra.yaml"),
+        cassandra_yaml(service) + &secured,
+    )?;
     fs::write(conf.join("logback.xml"), logback_xml(service))?;
     Ok(())
 }
@@ -83,36 +100,39 @@ pub fn command(service: &Service) -> Command {
     .arg("-Dcassandra.skip_wait_for_gossip_to_settle=0")
     .arg("-Dcassandra.ring_delay_ms=1000")
     .arg("-Dcassandra.libjemalloc=-")
+    // The default superuser, which creates the tests' role, exists 10 s after
+    // the start unless told otherwise.
+    .arg("-Dcassandra.superuser_setup_delay_ms=0")
     .arg(service.marker())
     .arg("-cp")
-    .arg(format!(
-        "{}:{}/*",
-        conf.display(),
-        service.dir.join("lib").display()
-    ))
+    .arg(format!("{}:{}/*", conf.display(), service.lib().display()))
     .arg("org.apache.cassandra.service.CassandraDaemon");
     java
 }
 
 fn cassandra_yaml(service: &Service) -> String {
+    let (cluster, port, storage_port) = match service.kind {
+        Kind::SecureCassandra => ("sluice-dev-secure", SECURE_PORT, SECURE_STORAGE_PORT),
+        _ => ("sluice-dev", PORT, STORAGE_PORT),
+    };
     let data = service.dir.join("data");
     let dir = |name: &str| data.join(name).display().to_string();
     format!(
         "\
 # Written by `cargo xtask up`; edits are overwritten on the next start.
-cluster_name: sluice-dev
+cluster_name: {cluster}
 num_tokens: 1
 partitioner: org.apache.cassandra.dht.Murmur3Partitioner
 endpoint_snitch: SimpleSnitch
 seed_provider:
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
     parameters:
-      - seeds: \"127.0.0.1:{STORAGE_PORT}\"
+      - seeds: \"127.0.0.1:{storage_port}\"
 listen_address: 127.0.0.1
 rpc_address: 127.0.0.1
-storage_port: {STORAGE_PORT}
+storage_port: {storage_port}
 start_native_transport: true
-native_transport_port: {PORT}
+native_transport_port: {port}
 commitlog_sync: periodic
 commitlog_sync_period: 10000ms
 data_file_directories:
@@ -130,6 +150,44 @@ auto_snapshot: false
         hints = dir("hints"),
         cdc_raw = dir("cdc_raw"),
     )
+}
+
+/// What makes the secured node secure: only TLS clients, and only with a password.
+fn secured_yaml(tls: &Tls) -> String {
+    format!(
+        "\
+authenticator: PasswordAuthenticator
+authorizer: AllowAllAuthorizer
+role_manager: CassandraRoleManager
+client_encryption_options:
+  enabled: true
+  optional: false
+  keystore: {store}
+  keystore_password: {password}
+  store_type: PKCS12
+  require_client_auth: false
+",
+        store = tls.server_store().display(),
+        password = tls::STORE_PASSWORD,
+    )
+}
+
+/// Creates the tests' login role on the secured node, as the default superuser.
+pub fn provision(service: &Service) -> Result<()> {
+    let tls = Tls::new(service.dev_env());
+    let create = format!(
+        "CREATE ROLE IF NOT EXISTS {} WITH PASSWORD = '{}' AND LOGIN = true",
+        tls::CASSANDRA_USER,
+        tls::CASSANDRA_PASSWORD
+    );
+    crate::probe::cql_secure(
+        std::net::SocketAddr::from(([127, 0, 0, 1], SECURE_PORT)),
+        &tls.ca(),
+        tls::CASSANDRA_SUPERUSER,
+        &[&create],
+        std::time::Duration::from_secs(20),
+    )
+    .map(|_| ())
 }
 
 fn logback_xml(service: &Service) -> String {

@@ -1,6 +1,8 @@
 //! `cargo xtask up`, `down` and `status`: a real Kafka broker and a real Cassandra
 //! node on loopback, run from jars that Maven fetches, with everything they write
-//! kept under `target/dev-env/`.
+//! kept under `target/dev-env/`; with `--secure`, a second Cassandra node that
+//! takes only TLS clients with a password. The broker always has a SASL_SSL
+//! listener besides its plaintext one.
 
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
@@ -11,13 +13,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cassandra, kafka, probe, process, tools};
+use crate::{cassandra, kafka, probe, process, tls, tools};
 
-/// The two servers of the dev environment.
+/// The servers of the dev environment.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
     Kafka,
     Cassandra,
+    /// Cassandra with `PasswordAuthenticator` and client TLS, for the security tests.
+    SecureCassandra,
 }
 
 /// One server of the dev environment and where its files live.
@@ -31,14 +35,18 @@ pub struct Service {
 
 impl Service {
     fn new(kind: Kind, root: &Path) -> Self {
-        let name = kind.dir_name();
+        // Both Cassandra nodes run the same jars.
+        let jars = match kind {
+            Kind::SecureCassandra => Kind::Cassandra.dir_name(),
+            other => other.dir_name(),
+        };
         Service {
             kind,
-            dir: root.join("target").join("dev-env").join(name),
+            dir: root.join("target").join("dev-env").join(kind.dir_name()),
             pom: root
                 .join("xtask")
                 .join("dev-env")
-                .join(name)
+                .join(jars)
                 .join("pom.xml"),
         }
     }
@@ -47,14 +55,32 @@ impl Service {
         match self.kind {
             Kind::Kafka => "Kafka",
             Kind::Cassandra => "Cassandra",
+            Kind::SecureCassandra => "Cassandra (TLS, password)",
         }
+    }
+
+    /// `target/dev-env`, which holds every server's directory and the certificates.
+    pub fn dev_env(&self) -> &Path {
+        self.dir
+            .parent()
+            .expect("a server's directory is in target/dev-env")
+    }
+
+    /// The server's jars, which the two Cassandra nodes share.
+    pub fn lib(&self) -> PathBuf {
+        let owner = match self.kind {
+            Kind::SecureCassandra => Kind::Cassandra.dir_name(),
+            other => other.dir_name(),
+        };
+        self.dev_env().join(owner).join("lib")
     }
 
     /// Ports that must be free before the server starts; the client port first.
     fn ports(&self) -> &'static [u16] {
         match self.kind {
-            Kind::Kafka => &[kafka::PORT, kafka::CONTROLLER_PORT],
+            Kind::Kafka => &[kafka::PORT, kafka::CONTROLLER_PORT, kafka::SECURE_PORT],
             Kind::Cassandra => &[cassandra::PORT, cassandra::STORAGE_PORT],
+            Kind::SecureCassandra => &[cassandra::SECURE_PORT, cassandra::SECURE_STORAGE_PORT],
         }
     }
 
@@ -66,7 +92,7 @@ impl Service {
     fn start_timeout(&self) -> Duration {
         match self.kind {
             Kind::Kafka => Duration::from_secs(120),
-            Kind::Cassandra => Duration::from_secs(240),
+            Kind::Cassandra | Kind::SecureCassandra => Duration::from_secs(240),
         }
     }
 
@@ -88,7 +114,7 @@ impl Service {
     pub fn server_log(&self) -> PathBuf {
         let file = match self.kind {
             Kind::Kafka => "server.log",
-            Kind::Cassandra => "system.log",
+            Kind::Cassandra | Kind::SecureCassandra => "system.log",
         };
         self.dir.join("logs").join(file)
     }
@@ -122,7 +148,28 @@ impl Service {
                 "release {}",
                 probe::cql_release_version(addr, timeout)?
             )),
+            Kind::SecureCassandra => Ok(format!(
+                "release {}, TLS, logged in as {}",
+                probe::cql_secure(
+                    addr,
+                    &tls::Tls::new(self.dev_env()).ca(),
+                    tls::CASSANDRA_SUPERUSER,
+                    &[],
+                    timeout
+                )?,
+                tls::CASSANDRA_SUPERUSER.0
+            )),
         }
+    }
+
+    /// Creates the users the security tests log in as, once the server answers.
+    fn provision(&self) -> Result<()> {
+        match self.kind {
+            Kind::Kafka => kafka::provision(self),
+            Kind::Cassandra => Ok(()),
+            Kind::SecureCassandra => cassandra::provision(self),
+        }
+        .with_context(|| format!("provisioning {}", self.name()))
     }
 
     fn check_ports_free(&self) -> Result<()> {
@@ -142,17 +189,17 @@ impl Service {
     fn prepare(&self) -> Result<()> {
         let logs = self.dir.join("logs");
         fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-        tools::fetch_jars(&self.pom, &self.dir.join("lib"), &logs.join("maven.log"))?;
+        tools::fetch_jars(&self.pom, &self.lib(), &logs.join("maven.log"))?;
         match self.kind {
             Kind::Kafka => kafka::prepare(self),
-            Kind::Cassandra => cassandra::prepare(self),
+            Kind::Cassandra | Kind::SecureCassandra => cassandra::prepare(self),
         }
     }
 
     fn command(&self) -> Command {
         match self.kind {
             Kind::Kafka => kafka::command(self),
-            Kind::Cassandra => cassandra::command(self),
+            Kind::Cassandra | Kind::SecureCassandra => cassandra::command(self),
         }
     }
 
@@ -199,40 +246,55 @@ impl Service {
 }
 
 impl Kind {
-    /// The kinds named on the command line (`kafka`, `cassandra`); all when none is.
-    pub fn parse_list(names: &[String]) -> Result<Vec<Kind>> {
-        if names.is_empty() {
-            return Ok(ALL.to_vec());
+    /// The kinds named on the command line (`kafka`, `cassandra`,
+    /// `cassandra-secure`), plus the secured node with `--secure`; `none` when
+    /// none is named.
+    pub fn parse_list(names: &[String], none: &[Kind]) -> Result<Vec<Kind>> {
+        let mut kinds = Vec::new();
+        let mut secure = false;
+        for name in names {
+            match name.as_str() {
+                "--secure" => secure = true,
+                "kafka" => kinds.push(Kind::Kafka),
+                "cassandra" => kinds.push(Kind::Cassandra),
+                "cassandra-secure" => kinds.push(Kind::SecureCassandra),
+                other => bail!(
+                    "unknown server `{other}`: name kafka, cassandra or cassandra-secure, or \
+                     give --secure"
+                ),
+            }
         }
-        names
-            .iter()
-            .map(|name| match name.as_str() {
-                "kafka" => Ok(Kind::Kafka),
-                "cassandra" => Ok(Kind::Cassandra),
-                other => bail!("unknown server `{other}`: name kafka or cassandra"),
-            })
-            .collect()
+        if kinds.is_empty() {
+            kinds = none.to_vec();
+        }
+        if secure && !kinds.contains(&Kind::SecureCassandra) {
+            kinds.push(Kind::SecureCassandra);
+        }
+        Ok(kinds)
     }
 
     fn dir_name(self) -> &'static str {
         match self {
             Kind::Kafka => "kafka",
             Kind::Cassandra => "cassandra",
+            Kind::SecureCassandra => "cassandra-secure",
         }
     }
 }
 
-fn services(root: &Path) -> [Service; 2] {
+fn services(root: &Path) -> [Service; 3] {
     [
         Service::new(Kind::Kafka, root),
         Service::new(Kind::Cassandra, root),
+        Service::new(Kind::SecureCassandra, root),
     ]
 }
 
-/// Starts whichever servers are not running yet and waits until both answer.
-/// Returns the kinds this call started, so that a caller can stop exactly those.
-pub fn up(root: &Path) -> Result<Vec<Kind>> {
-    up_only(root, ALL)
+/// Starts whichever servers of `kinds` are not running yet and waits until all
+/// answer. Returns the kinds this call started, so that a caller can stop
+/// exactly those.
+pub fn up(root: &Path, kinds: &[Kind]) -> Result<Vec<Kind>> {
+    up_only(root, kinds)
 }
 
 /// Like [`up`], for the servers of `kinds` only.
@@ -265,7 +327,11 @@ pub fn up_only(root: &Path, kinds: &[Kind]) -> Result<Vec<Kind>> {
         for service in &to_start {
             children.push((service.kind, service.start()?));
         }
-        wait_until_ready(&services, &mut children)
+        wait_until_ready(&services, &mut children)?;
+        for service in &to_start {
+            service.provision()?;
+        }
+        Ok(())
     })();
     let started: Vec<Kind> = children.iter().map(|(kind, _)| *kind).collect();
     if let Err(e) = result {
@@ -368,8 +434,11 @@ pub fn kill(root: &Path, kinds: &[Kind]) -> Result<()> {
     Ok(())
 }
 
-/// Every kind of server, for `down` without a narrower choice.
-pub const ALL: &[Kind] = &[Kind::Kafka, Kind::Cassandra];
+/// Every kind of server, for `down`, `kill`, the tests and CI.
+pub const ALL: &[Kind] = &[Kind::Kafka, Kind::Cassandra, Kind::SecureCassandra];
+
+/// What `up`, the demo and the benchmarks start: the plain servers.
+pub const PLAIN: &[Kind] = &[Kind::Kafka, Kind::Cassandra];
 
 /// Prints, per server, whether it runs, its pid and memory, and whether it answers.
 pub fn status(root: &Path) -> Result<()> {

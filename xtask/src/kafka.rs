@@ -9,11 +9,14 @@ use anyhow::{Context, Result, bail};
 
 use crate::devenv::Service;
 use crate::process::tail;
+use crate::tls::{self, Tls};
 
 /// The broker's client port.
 pub const PORT: u16 = 9092;
 /// The controller's port; only the broker itself talks to it.
 pub const CONTROLLER_PORT: u16 = 9093;
+/// The SASL_SSL listener: SCRAM-SHA-512 over TLS, for the security tests.
+pub const SECURE_PORT: u16 = 9094;
 
 /// Writes the broker's configuration and formats its storage on first start.
 pub fn prepare(service: &Service) -> Result<()> {
@@ -21,7 +24,12 @@ pub fn prepare(service: &Service) -> Result<()> {
     fs::create_dir_all(&config)?;
     let data = service.dir.join("data");
     let logs = service.dir.join("logs");
-    fs::write(config.join("server.properties"), server_properties(&data))?;
+    let tls = Tls::new(service.dev_env());
+    tls.ensure()?;
+    fs::write(
+        config.join("server.properties"),
+        server_properties(&data, &tls),
+    )?;
     fs::write(
         config.join("log4j2.xml"),
         log4j2_config(Some(&logs.join("server.log"))),
@@ -92,18 +100,25 @@ fn classpath(service: &Service) -> String {
     format!("{}/*", service.dir.join("lib").display())
 }
 
-fn server_properties(data: &Path) -> String {
+fn server_properties(data: &Path, tls: &Tls) -> String {
     format!(
         "\
 # Written by `cargo xtask up`; edits are overwritten on the next start.
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:{CONTROLLER_PORT}
-listeners=PLAINTEXT://127.0.0.1:{PORT},CONTROLLER://127.0.0.1:{CONTROLLER_PORT}
-advertised.listeners=PLAINTEXT://127.0.0.1:{PORT},CONTROLLER://127.0.0.1:{CONTROLLER_PORT}
+listeners=PLAINTEXT://127.0.0.1:{PORT},CONTROLLER://127.0.0.1:{CONTROLLER_PORT},SASL_SSL://127.0.0.1:{SECURE_PORT}
+advertised.listeners=PLAINTEXT://127.0.0.1:{PORT},CONTROLLER://127.0.0.1:{CONTROLLER_PORT},SASL_SSL://127.0.0.1:{SECURE_PORT}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL
+# The secured listener: SCRAM-SHA-512 users (made by `up`) over TLS.
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PKCS12
+listener.name.sasl_ssl.ssl.keystore.location={store}
+listener.name.sasl_ssl.ssl.keystore.password={password}
+listener.name.sasl_ssl.ssl.key.password={password}
 log.dirs={data}
 num.partitions=1
 default.replication.factor=1
@@ -121,8 +136,41 @@ delete.topic.enable=true
 # Tests purge data with retention and record deletion; keep the checks frequent.
 log.retention.check.interval.ms=5000
 ",
-        data = data.display()
+        data = data.display(),
+        store = tls.server_store().display(),
+        password = tls::STORE_PASSWORD,
     )
+}
+
+/// Creates the SCRAM user of the SASL_SSL listener, or sets its password again.
+/// KRaft keeps SCRAM credentials in the cluster metadata, written through the
+/// plaintext listener.
+pub fn provision(service: &Service) -> Result<()> {
+    let config = service.dir.join("config");
+    let output = Command::new("java")
+        .arg(format!(
+            "-Dlog4j2.configurationFile={}",
+            config.join("tools-log4j2.xml").display()
+        ))
+        .arg("-cp")
+        .arg(classpath(service))
+        .arg("kafka.admin.ConfigCommand")
+        .args(["--bootstrap-server", &format!("127.0.0.1:{PORT}")])
+        .args(["--alter", "--entity-type", "users", "--entity-name"])
+        .arg(tls::KAFKA_USER)
+        .arg("--add-config")
+        .arg(format!("SCRAM-SHA-512=[password={}]", tls::KAFKA_PASSWORD))
+        .output()
+        .context("running Kafka's config command")?;
+    if !output.status.success() {
+        bail!(
+            "creating the SCRAM user {} failed: {}{}",
+            tls::KAFKA_USER,
+            String::from_utf8_lossy(&output.stdout).trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// log4j2 configuration: INFO to `file` for the broker, WARN to stderr for tools.

@@ -2,7 +2,7 @@
 //!
 //! - `up`, `down`, `status`: the dev environment, a real Kafka broker and a real
 //!   Cassandra node on loopback (see `devenv`).
-//! - `test [ARGS]`: `up`, `cargo test --workspace ARGS`, then stop what `up` started.
+//! - `test [ARGS]`: `up --secure`, `cargo test --workspace ARGS`, then stop what `up` started.
 //! - `ci`: the same, with `cargo fmt --check`, clippy and `cargo doc` (warnings
 //!   denied) before the tests and `spark-compat` after them.
 //! - `spark-compat`: fetch Spark's jars and run the tests in which Spark's own
@@ -20,6 +20,7 @@ mod probe;
 mod process;
 #[cfg(test)]
 mod tidy;
+mod tls;
 mod tools;
 
 use std::path::{Path, PathBuf};
@@ -31,12 +32,15 @@ const USAGE: &str = "\
 Usage: cargo xtask <task>
 
 Tasks:
-  up [SERVER]   start Kafka (127.0.0.1:9092) and Cassandra (127.0.0.1:9042), or only the one
-                named (kafka, cassandra), and wait until they answer
+  up [SERVER...] [--secure]
+                start Kafka (127.0.0.1:9092, and SASL_SSL on 9094) and Cassandra (127.0.0.1:9042),
+                or only those named (kafka, cassandra, cassandra-secure), and wait until they
+                answer; --secure adds a Cassandra node with TLS and passwords (127.0.0.1:9142);
+                certificates and users are in target/dev-env/tls
   down [SERVER] stop the servers that `up` started, or only the one named
   kill [SERVER] SIGKILL them instead, as a crash would (for fault tests)
   status        show which servers run, their memory, and whether they answer
-  test [ARGS]   up, cargo test --workspace [ARGS], then stop what up started
+  test [ARGS]   up --secure, cargo test --workspace [ARGS], then stop what up started
   ci            up, cargo fmt --check, cargo clippy -D warnings, cargo doc, cargo test, spark-compat,
                 then stop what up started
   demo [--seconds N]
@@ -79,12 +83,12 @@ fn run(args: &[String]) -> Result<()> {
         }
     };
     match task {
-        "up" => devenv::up_only(&root, &devenv::Kind::parse_list(rest)?).map(|_| ()),
-        "down" => devenv::down(&root, &devenv::Kind::parse_list(rest)?),
-        "kill" => devenv::kill(&root, &devenv::Kind::parse_list(rest)?),
+        "up" => devenv::up_only(&root, &devenv::Kind::parse_list(rest, devenv::PLAIN)?).map(|_| ()),
+        "down" => devenv::down(&root, &devenv::Kind::parse_list(rest, devenv::ALL)?),
+        "kill" => devenv::kill(&root, &devenv::Kind::parse_list(rest, devenv::ALL)?),
         "status" => devenv::status(&root),
-        "test" => with_dev_env(&root, || cargo_test(&root, rest)),
-        "ci" => with_dev_env(&root, || {
+        "test" => with_dev_env(&root, devenv::ALL, || cargo_test(&root, rest)),
+        "ci" => with_dev_env(&root, devenv::ALL, || {
             cargo(&root, &["fmt", "--all", "--check"])?;
             cargo(
                 &root,
@@ -107,15 +111,17 @@ fn run(args: &[String]) -> Result<()> {
         "bench" => match rest.split_first() {
             Some((mode, rest)) if mode == "partitions" => {
                 let args = bench_scale::SweepArgs::parse(rest)?;
-                with_dev_env(&root, || bench_scale::partitions(&root, &args))
+                with_dev_env(&root, devenv::PLAIN, || {
+                    bench_scale::partitions(&root, &args)
+                })
             }
             Some((mode, rest)) if mode == "soak" => {
                 let args = bench_scale::SoakArgs::parse(rest)?;
-                with_dev_env(&root, || bench_scale::soak(&root, &args))
+                with_dev_env(&root, devenv::PLAIN, || bench_scale::soak(&root, &args))
             }
             _ => {
                 let args = bench::BenchArgs::parse(rest)?;
-                with_dev_env(&root, || bench::bench(&root, &args))
+                with_dev_env(&root, devenv::PLAIN, || bench::bench(&root, &args))
             }
         },
         "help" | "-h" | "--help" => {
@@ -129,8 +135,12 @@ fn run(args: &[String]) -> Result<()> {
 /// Runs `body` with the dev environment up, then stops the servers that this call
 /// started, whether `body` succeeded or not. Servers that were already running
 /// are left running.
-fn with_dev_env(root: &Path, body: impl FnOnce() -> Result<()>) -> Result<()> {
-    let started = devenv::up(root)?;
+fn with_dev_env(
+    root: &Path,
+    kinds: &[devenv::Kind],
+    body: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let started = devenv::up(root, kinds)?;
     let result = body();
     let stopped = devenv::down(root, &started);
     match (result, stopped) {
@@ -151,7 +161,7 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
         ),
         _ => bail!("usage: cargo xtask demo [--seconds N]"),
     };
-    devenv::up(root)?;
+    devenv::up(root, devenv::PLAIN)?;
     cargo(
         root,
         &[

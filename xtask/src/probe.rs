@@ -1,9 +1,11 @@
 //! Minimal wire-protocol probes that tell whether a server really answers: a Kafka
-//! Metadata request and a CQL query. Hand-written so that xtask needs neither
-//! librdkafka nor an async runtime, and builds in seconds.
+//! Metadata request and a CQL query, the latter also over TLS with a login.
+//! Hand-written so that xtask needs neither librdkafka, nor an async runtime, nor
+//! a TLS library, and builds in seconds.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -54,36 +56,84 @@ pub fn kafka_metadata(addr: SocketAddr, timeout: Duration) -> Result<KafkaCluste
     })
 }
 
-/// Opens a CQL (native protocol v4) connection and returns the node's
-/// `release_version` from `system.local`.
+/// Sends STARTUP and `SELECT release_version FROM system.local` over plain TCP.
 pub fn cql_release_version(addr: SocketAddr, timeout: Duration) -> Result<String> {
     let mut stream = connect(addr, timeout)?;
+    cql_startup(&mut stream, None)?;
+    cql_release(&mut stream)
+}
+
+/// The same over TLS, verifying the node against `ca`, logged in as `login`
+/// (user, password), after running `statements`. TLS comes from the `openssl`
+/// command, so that xtask links no TLS library.
+pub fn cql_secure(
+    addr: SocketAddr,
+    ca: &Path,
+    login: (&str, &str),
+    statements: &[&str],
+    timeout: Duration,
+) -> Result<String> {
+    let mut stream = TlsPipe::open(addr, ca, timeout)?;
+    let result = (|| {
+        cql_startup(&mut stream, Some(login))?;
+        for statement in statements {
+            cql_query(&mut stream, statement).with_context(|| format!("running {statement:?}"))?;
+        }
+        cql_release(&mut stream)
+    })();
+    result.map_err(|e| match stream.failure() {
+        Some(why) => e.context(why),
+        None => e,
+    })
+}
+
+/// STARTUP, and the SASL PLAIN exchange when the node asks for a password.
+fn cql_startup(stream: &mut impl ReadWrite, login: Option<(&str, &str)>) -> Result<()> {
     let mut startup = 1_u16.to_be_bytes().to_vec();
     put_string(&mut startup, "CQL_VERSION");
     put_string(&mut startup, "3.0.0");
-    let (opcode, body) = cql_exchange(&mut stream, 0x01, &startup).context("CQL STARTUP")?;
-    match opcode {
-        0x02 => {}
-        0x03 => bail!("the CQL server asks for authentication"),
+    let (opcode, body) = cql_exchange(stream, 0x01, &startup).context("CQL STARTUP")?;
+    match (opcode, login) {
+        (0x02, _) => Ok(()),
+        (0x03, None) => bail!("the CQL server asks for authentication"),
+        (0x03, Some((user, password))) => {
+            let token = format!("\0{user}\0{password}");
+            let mut response = (token.len() as i32).to_be_bytes().to_vec();
+            response.extend_from_slice(token.as_bytes());
+            let (opcode, body) =
+                cql_exchange(stream, 0x0F, &response).context("CQL AUTH_RESPONSE")?;
+            ensure!(
+                opcode == 0x10,
+                "logging in as {user} failed: {}",
+                cql_error(opcode, &body)
+            );
+            Ok(())
+        }
         _ => bail!(
             "unexpected CQL answer to STARTUP: {}",
             cql_error(opcode, &body)
         ),
     }
+}
 
+/// Runs one statement at consistency ONE; returns the RESULT body.
+fn cql_query(stream: &mut impl ReadWrite, text: &str) -> Result<Vec<u8>> {
     let mut query = Vec::new();
-    let text = b"SELECT release_version FROM system.local";
     query.extend_from_slice(&(text.len() as i32).to_be_bytes());
-    query.extend_from_slice(text);
+    query.extend_from_slice(text.as_bytes());
     query.extend_from_slice(&1_u16.to_be_bytes()); // consistency ONE
     query.push(0); // no flags
-    let (opcode, body) = cql_exchange(&mut stream, 0x07, &query).context("CQL QUERY")?;
+    let (opcode, body) = cql_exchange(stream, 0x07, &query).context("CQL QUERY")?;
     ensure!(
         opcode == 0x08,
         "CQL query failed: {}",
         cql_error(opcode, &body)
     );
+    Ok(body)
+}
 
+fn cql_release(stream: &mut impl ReadWrite) -> Result<String> {
+    let body = cql_query(stream, "SELECT release_version FROM system.local")?;
     let mut r = Reader::new(&body);
     ensure!(r.i32()? == 2, "the CQL result holds no rows");
     let flags = r.i32()?;
@@ -113,11 +163,97 @@ pub fn cql_release_version(addr: SocketAddr, timeout: Duration) -> Result<String
     Ok(String::from_utf8_lossy(value).into_owned())
 }
 
-fn cql_exchange(stream: &mut TcpStream, opcode: u8, body: &[u8]) -> Result<(u8, Vec<u8>)> {
+/// A byte stream both ways: a TCP connection or the TLS pipe.
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// A TLS connection through `openssl s_client`: bytes written go to the server
+/// encrypted, bytes read are the server's, decrypted. A watchdog kills the
+/// client at the timeout, which ends any read that waits.
+struct TlsPipe {
+    child: std::sync::Arc<std::sync::Mutex<std::process::Child>>,
+    stdin: std::process::ChildStdin,
+    stdout: std::process::ChildStdout,
+    done: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl TlsPipe {
+    fn open(addr: SocketAddr, ca: &Path, timeout: Duration) -> Result<TlsPipe> {
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("openssl")
+            .args(["s_client", "-quiet", "-verify_return_error", "-connect"])
+            .arg(addr.to_string())
+            .arg("-verify_ip")
+            .arg(addr.ip().to_string())
+            .arg("-CAfile")
+            .arg(ca)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running `openssl s_client`")?;
+        let stdin = child.stdin.take().context("openssl's stdin")?;
+        let stdout = child.stdout.take().context("openssl's stdout")?;
+        let child = std::sync::Arc::new(std::sync::Mutex::new(child));
+        let (done, watch) = std::sync::mpsc::channel::<()>();
+        let watched = child.clone();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = watch.recv_timeout(timeout) {
+                let _ = watched.lock().map(|mut c| c.kill());
+            }
+        });
+        Ok(TlsPipe {
+            child,
+            stdin,
+            stdout,
+            done: Some(done),
+        })
+    }
+
+    /// What `openssl` said when it ended, for instance a failed verification.
+    fn failure(&mut self) -> Option<String> {
+        let mut child = self.child.lock().ok()?;
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut text = String::new();
+        child.stderr.take()?.read_to_string(&mut text).ok()?;
+        let text = text.trim();
+        (!text.is_empty()).then(|| format!("openssl s_client: {text}"))
+    }
+}
+
+impl Read for TlsPipe {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stdout.read(buf)
+    }
+}
+
+impl Write for TlsPipe {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stdin.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stdin.flush()
+    }
+}
+
+impl Drop for TlsPipe {
+    fn drop(&mut self) {
+        self.done.take();
+        if let Ok(mut child) = self.child.lock() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn cql_exchange(stream: &mut impl ReadWrite, opcode: u8, body: &[u8]) -> Result<(u8, Vec<u8>)> {
     let mut frame = vec![0x04, 0x00, 0x00, 0x01, opcode];
     frame.extend_from_slice(&(body.len() as i32).to_be_bytes());
     frame.extend_from_slice(body);
     stream.write_all(&frame)?;
+    stream.flush()?;
     let mut header = [0_u8; 9];
     stream.read_exact(&mut header)?;
     ensure!(
