@@ -33,7 +33,7 @@ fn to_kafka(config: &Path, job: &Job, out_topic: &str, extra: &str) {
 /// Everything a `read_committed` consumer finds in `topic`, as a count per
 /// `sluice.position` header, read until `want` records came or nothing new
 /// came for a few seconds.
-async fn committed_positions(topic: &str, want: usize) -> BTreeMap<String, usize> {
+pub(crate) async fn committed_positions(topic: &str, want: usize) -> BTreeMap<String, usize> {
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = sluice_tests::kafka::client_config()
@@ -73,14 +73,14 @@ async fn committed_positions(topic: &str, want: usize) -> BTreeMap<String, usize
 }
 
 /// Every input position of `partitions` partitions with `count` records each.
-fn positions(topic: &str, partitions: i32, count: usize) -> Vec<String> {
+pub(crate) fn positions(topic: &str, partitions: i32, count: usize) -> Vec<String> {
     (0..partitions)
         .flat_map(|p| (0..count).map(move |o| format!("{topic}-{p}@{o}")))
         .collect()
 }
 
 /// Asserts that the output holds each input position exactly once.
-fn assert_exactly_once(got: &BTreeMap<String, usize>, want: &[String]) {
+pub(crate) fn assert_exactly_once(got: &BTreeMap<String, usize>, want: &[String]) {
     let twice: Vec<&String> = got
         .iter()
         .filter(|(_, n)| **n > 1)
@@ -214,6 +214,69 @@ async fn a_paused_runner_is_fenced_by_the_one_that_took_over() {
     successor.signal("-TERM");
     let successor = successor.wait();
     assert_eq!(successor.status.code(), Some(0), "{}", stderr(&successor));
+    stop.store(true, Ordering::Relaxed);
+    let produced = producer_task.await.unwrap();
+
+    catch_up_and_check(&job, &out_topic, 2, produced).await;
+}
+
+/// Waits until process `pid` is stopped (state `T` in `/proc/<pid>/stat`).
+async fn wait_until_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses.
+        let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+        if state == Some("T") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} did not stop at its failpoint: {stat}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_runner_paused_before_its_sink_take_over_writes_nothing_when_it_wakes() {
+    // The runner claimed the query and stopped before fencing earlier producers;
+    // its successor claims the query and runs. Woken, the old runner's take-over
+    // fences the successor's producer, but its claim check then stops it before
+    // it writes anything, and the successor takes its sink back and goes on.
+    let job = Job::with_cassandra(&sluice_tests::unique_name("sleeper"));
+    let topic = job.topic.clone();
+    let out_topic = sluice_tests::unique_name("sleeperout");
+    create_topic(&topic, 2).await;
+    create_topic(&out_topic, 2).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer_task = keep_producing(topic.clone(), 2, stop.clone());
+    let streaming = job.config_with("", "processing_time = \"0s\"");
+    to_kafka(&streaming, &job, &out_topic, "");
+
+    let mut paused = Command::new(sluice());
+    paused
+        .args(["run", "--config", streaming.to_str().unwrap()])
+        .env("SLUICE_FAILPOINT", "before_sink_take_over");
+    let sleeper = Running::spawn_command(paused);
+    wait_until_stopped(sleeper.id()).await;
+    let successor = Running::spawn(&["run", "--config", streaming.to_str().unwrap()]);
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    sleeper.signal("-CONT");
+    let sleeper = sleeper.wait();
+    let said = stderr(&sleeper);
+    assert_eq!(sleeper.status.code(), Some(4), "{said}");
+    assert!(said.contains("was taken over by"), "{said}");
+    assert!(
+        !said.contains("batch 0:"),
+        "the woken runner ran no batch: {said}"
+    );
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    successor.signal("-TERM");
+    let successor = successor.wait();
+    let said = stderr(&successor);
+    assert_eq!(successor.status.code(), Some(0), "{said}");
+    assert!(said.contains("taking the sink over again"), "{said}");
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 

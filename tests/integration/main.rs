@@ -7,6 +7,7 @@ mod exactly_once;
 mod kafka_smoke;
 mod kafka_source;
 mod runner;
+mod security;
 mod spark_checkpoint;
 mod sql;
 mod stateful;

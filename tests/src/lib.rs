@@ -7,6 +7,7 @@
 
 pub mod kafka;
 pub mod process;
+pub mod secure;
 
 /// Environment variable naming the Kafka bootstrap servers to test against.
 pub const KAFKA_BOOTSTRAP_VAR: &str = "SLUICE_KAFKA_BOOTSTRAP";

@@ -8,12 +8,17 @@ use openssl::ssl::{SslContextBuilder, SslMethod, SslVerifyMode};
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::errors::{
+    ConnectionError, ConnectionPoolError, ConnectionSetupRequestErrorKind, DbError, MetadataError,
+    NewSessionError,
+};
 use scylla::policies::retry::FallthroughRetryPolicy;
 
 use crate::CassandraStoreError;
 
-/// How to reach a cluster: credentials, TLS and timeouts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How to reach a cluster: credentials, TLS and timeouts. Its `Debug` hides
+/// the password.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Connection {
     /// Contact points, `host:port` each.
     pub nodes: Vec<String>,
@@ -25,6 +30,18 @@ pub struct Connection {
     pub tls_ca_file: Option<PathBuf>,
     /// How long connecting may take.
     pub connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("nodes", &self.nodes)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
 }
 
 impl Connection {
@@ -72,14 +89,76 @@ impl Connection {
             tls.set_verify(SslVerifyMode::PEER);
             builder = builder.tls_context(Some(tls.build()));
         }
+        let tls = self.tls_ca_file.is_some();
         builder
             .build()
             .await
-            .map_err(|source| CassandraStoreError::Connect {
-                nodes,
-                source: Box::new(source),
+            .map_err(|source| match refusal(&source) {
+                Some(why) => CassandraStoreError::Refused {
+                    nodes,
+                    why,
+                    source: Box::new(source),
+                },
+                None if !tls && reset_at_setup(&source) => CassandraStoreError::Connect {
+                    nodes,
+                    source: format!(
+                        "{source}; a node that resets every connection at the first request may \
+                     take only TLS clients: set tls_ca_file"
+                    )
+                    .into(),
+                },
+                None => CassandraStoreError::Connect {
+                    nodes,
+                    source: Box::new(source),
+                },
             })
     }
+}
+
+/// The last connection error of a session that could not be opened.
+fn last_connection_error(error: &NewSessionError) -> Option<&ConnectionError> {
+    match error {
+        NewSessionError::MetadataError(MetadataError::ConnectionPoolError(
+            ConnectionPoolError::Broken {
+                last_connection_error,
+            },
+        )) => Some(last_connection_error),
+        _ => None,
+    }
+}
+
+/// Why the nodes turned the client away, when they did: a login refused or
+/// missing, or a TLS handshake that failed. Connecting again changes none of it.
+fn refusal(error: &NewSessionError) -> Option<String> {
+    match last_connection_error(error)? {
+        ConnectionError::ConnectionSetupRequestError(e) => match &e.error {
+            ConnectionSetupRequestErrorKind::DbError(DbError::AuthenticationError, message) => {
+                Some(format!("the login was refused: {message}"))
+            }
+            ConnectionSetupRequestErrorKind::MissingAuthentication => Some(
+                "the nodes require a login: set username and password (or password_env)".to_owned(),
+            ),
+            _ => None,
+        },
+        ConnectionError::IoError(io) => {
+            let tls = io.get_ref()?.downcast_ref::<openssl::ssl::Error>()?;
+            Some(format!(
+                "the TLS handshake failed ({tls}): is tls_ca_file the CA that signed the nodes' \
+                 certificates, and do the nodes take TLS clients?"
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the connection broke at its first request, as a TLS-only node
+/// answers a plaintext client.
+fn reset_at_setup(error: &NewSessionError) -> bool {
+    matches!(
+        last_connection_error(error),
+        Some(ConnectionError::ConnectionSetupRequestError(e))
+            if matches!(e.error, ConnectionSetupRequestErrorKind::BrokenConnection(_))
+    )
 }
 
 /// A consistency level of reads and writes, as CQL names them.

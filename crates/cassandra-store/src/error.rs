@@ -23,6 +23,18 @@ pub enum CassandraStoreError {
         #[source]
         source: DriverError,
     },
+    /// The nodes turned the client away: a login refused or missing, or a TLS
+    /// handshake that failed. Not retried.
+    #[error("Cassandra at {nodes} refused this client: {why}")]
+    Refused {
+        /// The contact points.
+        nodes: String,
+        /// What was refused, and what to check.
+        why: String,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
     /// The keyspace does not exist and no replication was given to create it.
     #[error(
         "keyspace {keyspace} does not exist; create it, or set replication (for example \

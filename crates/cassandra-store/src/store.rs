@@ -19,8 +19,8 @@ use sluice_offsets::{
 use crate::error::query_error;
 use crate::{CassandraLocation, CassandraStoreError};
 
-/// How the store talks to Cassandra.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How the store talks to Cassandra. Its `Debug` hides the password.
+#[derive(Clone, PartialEq, Eq)]
 pub struct CassandraOptions {
     /// Create the keyspace (with this replication) when it is missing.
     pub replication: Option<String>,
@@ -43,6 +43,23 @@ pub struct CassandraOptions {
     pub password: Option<String>,
     /// TLS, verifying the nodes against this CA certificate (PEM).
     pub tls_ca_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for CassandraOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CassandraOptions")
+            .field("replication", &self.replication)
+            .field("create_schema", &self.create_schema)
+            .field("consistency", &self.consistency)
+            .field("serial_consistency", &self.serial_consistency)
+            .field("request_timeout", &self.request_timeout)
+            .field("owner", &self.owner)
+            .field("query_id", &self.query_id)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls_ca_file", &self.tls_ca_file)
+            .finish()
+    }
 }
 
 impl Default for CassandraOptions {
@@ -567,6 +584,18 @@ type LogRow = (
 
 impl OffsetStore for CassandraStore {
     type Error = CassandraStoreError;
+
+    async fn check_claim(&mut self) -> Result<(), CassandraStoreError> {
+        match self.read_claim().await? {
+            Some((_, epoch, owner)) => self.fenced_if_moved(epoch, &owner),
+            None => Err(CassandraStoreError::Fenced {
+                query: self.location.query.clone(),
+                epoch: self.epoch,
+                current_epoch: 0,
+                owner: "nobody: the claim is gone".to_owned(),
+            }),
+        }
+    }
 
     async fn load(&mut self) -> Result<StoredBatches, CassandraStoreError> {
         let what = || format!("loading query {}", self.location.query);

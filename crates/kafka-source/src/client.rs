@@ -1,9 +1,11 @@
 //! Blocking requests to the cluster (metadata, offsets by timestamp, committed
 //! offsets). Each is one attempt, bounded by the request timeout: the executor's
 //! retry policy decides whether and when to try again, so that no request is
-//! retried inside a retry. Callers run them on tokio's blocking pool.
+//! retried inside a retry. (Within the timeout, a request that got no answer is
+//! sent again, see `Client::request`.) Callers run them on tokio's blocking pool.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -12,7 +14,28 @@ use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use regex::Regex;
 use sluice_offsets::{Offset, OffsetBounds, PartitionOffsets, TopicPartition};
 
+use crate::refusal::Refusals;
 use crate::{KafkaSourceConfig, KafkaSourceError, SourceContext, discovery};
+
+/// The first slice of a request's wait; each next one is twice as long.
+const FIRST_SLICE: Duration = Duration::from_millis(250);
+
+/// Whether a request failed for want of an answer (no broker up yet, or none
+/// answered in time), rather than with the cluster's answer.
+fn unanswered(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            Code::OperationTimedOut
+                | Code::RequestTimedOut
+                | Code::BrokerTransportFailure
+                | Code::AllBrokersDown
+                | Code::NetworkException
+                | Code::Resolve
+        )
+    )
+}
 
 /// What a ListOffsets request asks for each partition.
 #[derive(Clone, Copy, Debug)]
@@ -28,6 +51,8 @@ pub(crate) enum Position {
 /// The consumer used for requests and reads, with the settings requests need.
 pub(crate) struct Client {
     pub(crate) consumer: BaseConsumer<SourceContext>,
+    /// What the consumers' error callbacks saw of a cluster refusing them.
+    pub(crate) refusals: Refusals,
     /// The settings of the consumer that reads batches. It is a consumer of its
     /// own, so that its fetches, which long-poll at a partition's end, never hold
     /// back a metadata or offsets request on the same connection.
@@ -38,17 +63,61 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    /// Runs `request` once, naming the cluster and the request if it fails.
+    /// Runs `request`, naming the cluster and the request if it fails, and the
+    /// broker's reason when it refused the client rather than not answering.
+    ///
+    /// librdkafka tells of a refusal (a failed login or handshake) only through
+    /// the client's queue, while a request to a cluster that refuses waits out its
+    /// whole timeout as if no broker were up. So the request waits in slices
+    /// that double (250 ms, 500 ms, ...), within `request_timeout` in all, and
+    /// the queue is served between them: a refusal ends the wait at once, and
+    /// librdkafka's log lines come out when they happen. Only a request that got
+    /// no answer is sent again within the timeout; retrying after it is the
+    /// executor's.
     fn request<T>(
         &self,
         what: impl Fn() -> String,
-        request: impl FnOnce() -> Result<T, KafkaError>,
+        mut request: impl FnMut(Duration) -> Result<T, KafkaError>,
     ) -> Result<T, KafkaSourceError> {
-        request().map_err(|source| KafkaSourceError::Unreachable {
-            bootstrap: self.config.bootstrap_servers.clone(),
-            what: what(),
-            source: Box::new(source),
-        })
+        let deadline = Instant::now() + self.config.request_timeout;
+        let mut slice = FIRST_SLICE;
+        loop {
+            let wait = slice.min(deadline.saturating_duration_since(Instant::now()));
+            let result = request(wait);
+            self.serve_queue();
+            let source = match result {
+                Ok(answer) => {
+                    self.refusals.clear();
+                    return Ok(answer);
+                }
+                Err(source) => source,
+            };
+            if let Some(why) = self.refusals.last() {
+                return Err(KafkaSourceError::Refused {
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                    what: what(),
+                    why,
+                });
+            }
+            if Instant::now() >= deadline || !unanswered(&source) {
+                return Err(KafkaSourceError::Unreachable {
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                    what: what(),
+                    source: Box::new(source),
+                });
+            }
+            slice = slice.saturating_mul(2);
+        }
+    }
+
+    /// Serves the request consumer's queue: librdkafka's log lines and errors.
+    /// It is assigned no partition, so no record is taken from it.
+    fn serve_queue(&self) {
+        while let Some(event) = self.consumer.poll(Duration::ZERO) {
+            if let Err(error) = event {
+                tracing::debug!(target: "librdkafka", %error, "the request consumer's queue");
+            }
+        }
     }
 
     fn metadata(&self) -> Result<Metadata, KafkaSourceError> {
@@ -64,10 +133,7 @@ impl Client {
         };
         self.request(
             || "fetching metadata".to_owned(),
-            || {
-                self.consumer
-                    .fetch_metadata(single.as_deref(), self.config.request_timeout)
-            },
+            |wait| self.consumer.fetch_metadata(single.as_deref(), wait),
         )
     }
 
@@ -124,10 +190,8 @@ impl Client {
         }
         let answer = self.request(
             || format!("listing offsets of {} partitions", queries.len()),
-            || {
-                let answer = self
-                    .consumer
-                    .offsets_for_times(request.clone(), self.config.request_timeout)?;
+            |wait| {
+                let answer = self.consumer.offsets_for_times(request.clone(), wait)?;
                 // A partition-level error fails the round, so that it is retried whole.
                 for elem in answer.elements() {
                     elem.error()?;
@@ -149,10 +213,7 @@ impl Client {
         }
         let answer = self.request(
             || format!("reading the committed offsets of group {}", self.group_id),
-            || {
-                self.consumer
-                    .committed_offsets(request.clone(), self.config.request_timeout)
-            },
+            |wait| self.consumer.committed_offsets(request.clone(), wait),
         )?;
         Ok(offsets_of(&answer))
     }

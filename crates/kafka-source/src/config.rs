@@ -17,8 +17,9 @@ pub enum TopicSelection {
     SubscribePattern(String),
 }
 
-/// How the source talks to Kafka and what it does when data is lost.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How the source talks to Kafka and what it does when data is lost. Its
+/// `Debug` hides the values of secret client options.
+#[derive(Clone, PartialEq, Eq)]
 pub struct KafkaSourceConfig {
     /// `bootstrap.servers`.
     pub bootstrap_servers: String,
@@ -46,6 +47,62 @@ pub struct KafkaSourceConfig {
     /// all partitions (default [`DEFAULT_READ_AHEAD_BYTES`]). Each partition gets
     /// an equal share, at most 2 MiB, and at least one record.
     pub read_ahead_bytes: usize,
+}
+
+impl std::fmt::Debug for KafkaSourceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSourceConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("selection", &self.selection)
+            .field("group_id", &self.group_id)
+            .field("client_options", &Redacted(&self.client_options))
+            .field("fail_on_data_loss", &self.fail_on_data_loss)
+            .field("poll_timeout", &self.poll_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("include_headers", &self.include_headers)
+            .field("commit_progress", &self.commit_progress)
+            .field("read_ahead_bytes", &self.read_ahead_bytes)
+            .finish()
+    }
+}
+
+/// Whether a librdkafka option is about reaching a secured cluster: the
+/// security protocol, TLS and SASL. The clients a query makes besides its main
+/// one (a sink's helpers, a dead-letter producer on the same cluster) take these.
+pub fn is_security_option(key: &str) -> bool {
+    key == "security.protocol"
+        || key == "enable.ssl.certificate.verification"
+        || key.starts_with("ssl.")
+        || key.starts_with("ssl_")
+        || key.starts_with("sasl.")
+}
+
+/// Whether a librdkafka option's value is a secret (a password, a private key,
+/// a client secret), never to be shown.
+pub fn is_secret_option(key: &str) -> bool {
+    key.contains("password")
+        || key.contains("secret")
+        || key == "ssl.key.pem"
+        || key == "ssl_key"
+        || key == "sasl.oauthbearer.config"
+}
+
+/// Client options for `Debug`, with the values of secret ones hidden.
+pub(crate) struct Redacted<'a>(pub(crate) &'a BTreeMap<String, String>);
+
+impl std::fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(key, value)| {
+                let shown = if is_secret_option(key) {
+                    "<redacted>"
+                } else {
+                    value.as_str()
+                };
+                (key, shown)
+            }))
+            .finish()
+    }
 }
 
 /// The default of [`KafkaSourceConfig::read_ahead_bytes`].
@@ -173,6 +230,26 @@ mod tests {
         c.client_options
             .insert("sasl.mechanism".to_owned(), "SCRAM-SHA-512".to_owned());
         assert!(c.validate().is_ok(), "security options pass through");
+    }
+
+    #[test]
+    fn debug_output_hides_secret_options() {
+        let mut c = config();
+        for (key, value) in [
+            ("sasl.password", "hunter2-sasl"),
+            ("ssl.key.password", "hunter2-key"),
+            ("sasl.username", "sluice"),
+        ] {
+            c.client_options.insert(key.to_owned(), value.to_owned());
+        }
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("\"sasl.username\": \"sluice\""), "{shown}");
+        assert!(
+            shown.contains("\"sasl.password\": \"<redacted>\""),
+            "{shown}"
+        );
+        assert!(is_security_option("ssl.ca.location") && !is_security_option("linger.ms"));
     }
 
     #[test]

@@ -46,6 +46,20 @@ pub enum KafkaSourceError {
         #[source]
         source: Box<KafkaError>,
     },
+    /// The cluster turned the client away: a failed login, an untrusted
+    /// certificate, or a listener of another security protocol. Not retried.
+    #[error(
+        "Kafka at {bootstrap} refused this client ({what} failed): {why}; check \
+         security.protocol and the sasl.* and ssl.* options"
+    )]
+    Refused {
+        /// The bootstrap servers.
+        bootstrap: String,
+        /// The request that failed.
+        what: String,
+        /// The broker's reason, as librdkafka reported it.
+        why: String,
+    },
     /// Starting by timestamp found no record at or after it.
     #[error(
         "{topic_partition}: no record has a timestamp at or after {timestamp_ms}; set \

@@ -11,6 +11,7 @@ mod config;
 mod discovery;
 mod error;
 mod reader;
+mod refusal;
 mod sink;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,46 +26,73 @@ use sluice_offsets::{
 };
 
 use client::{Client, Position};
-pub use config::{DEFAULT_READ_AHEAD_BYTES, KafkaSourceConfig, TopicSelection};
+pub use config::{
+    DEFAULT_READ_AHEAD_BYTES, KafkaSourceConfig, TopicSelection, is_secret_option,
+    is_security_option,
+};
 pub use error::KafkaSourceError;
 pub use sink::{Delivery, KafkaSink, KafkaSinkConfig};
 
-/// Routes librdkafka's own log lines to `tracing`.
-pub struct SourceContext;
+/// Routes librdkafka's own log lines to `tracing`, and keeps the reason of a
+/// cluster that refuses the client (see `refusal`).
+#[derive(Clone, Default)]
+pub struct SourceContext {
+    refusals: refusal::Refusals,
+}
 
 impl ClientContext for SourceContext {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", facility, "{message}")
-            }
-            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", facility, "{message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", facility, "{message}")
-            }
-            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
-        }
+        route_log(&self.refusals, level, facility, message);
     }
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        SourceContext::global_error(&error, reason);
+        route_error(&self.refusals, &error, reason);
     }
 }
 
-impl SourceContext {
-    fn global_error(error: &rdkafka::error::KafkaError, reason: &str) {
-        match error {
-            // The end of a partition that a finished read no longer watches.
-            rdkafka::error::KafkaError::PartitionEOF(_)
-            | rdkafka::error::KafkaError::Global(rdkafka::types::RDKafkaErrorCode::PartitionEOF) => {
-                tracing::debug!(target: "librdkafka", "{reason}")
-            }
-            // librdkafka retries these itself; a read that never recovers times out.
-            _ => tracing::warn!(target: "librdkafka", %error, "{reason}"),
+/// librdkafka's log line to `tracing`, noting a refusal on the way: librdkafka
+/// logs a broker's failure from its own threads, while the error callback waits
+/// for a poll that a client used only for requests never makes.
+pub(crate) fn route_log(
+    refusals: &refusal::Refusals,
+    level: RDKafkaLogLevel,
+    facility: &str,
+    message: &str,
+) {
+    refusals.observe_log(facility, message);
+    match level {
+        RDKafkaLogLevel::Emerg
+        | RDKafkaLogLevel::Alert
+        | RDKafkaLogLevel::Critical
+        | RDKafkaLogLevel::Error => {
+            tracing::error!(target: "librdkafka", facility, "{message}")
         }
+        RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", facility, "{message}"),
+        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+            tracing::info!(target: "librdkafka", facility, "{message}")
+        }
+        RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
+    }
+}
+
+/// An error librdkafka reports outside any request, to `tracing`.
+pub(crate) fn route_error(
+    refusals: &refusal::Refusals,
+    error: &rdkafka::error::KafkaError,
+    reason: &str,
+) {
+    if refusals.observe(error, reason) {
+        tracing::error!(target: "librdkafka", %error, "{reason}");
+        return;
+    }
+    match error {
+        // The end of a partition that a finished read no longer watches.
+        rdkafka::error::KafkaError::PartitionEOF(_)
+        | rdkafka::error::KafkaError::Global(rdkafka::types::RDKafkaErrorCode::PartitionEOF) => {
+            tracing::debug!(target: "librdkafka", "{reason}")
+        }
+        // librdkafka retries these itself; a read that never recovers times out.
+        _ => tracing::warn!(target: "librdkafka", %error, "{reason}"),
     }
 }
 
@@ -118,14 +146,17 @@ impl KafkaSource {
             // Offsets that are gone must surface as errors, never as a silent reset.
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "true");
+        let context = SourceContext::default();
+        let refusals = context.refusals.clone();
         let consumer = client_config
-            .create_with_context(SourceContext)
+            .create_with_context(context)
             .map_err(|source| KafkaSourceError::Client {
                 bootstrap: config.bootstrap_servers.clone(),
                 source: Box::new(source),
             })?;
         let client = Arc::new(Client {
             consumer,
+            refusals,
             reader_config: client_config,
             config,
             group_id,

@@ -1429,7 +1429,9 @@ fn create_consumer(
         config.set("max.partition.fetch.bytes", bytes.to_string());
     }
     config
-        .create_with_context(SourceContext)
+        .create_with_context(SourceContext {
+            refusals: client.refusals.clone(),
+        })
         .map_err(|source| KafkaSourceError::Client {
             bootstrap: client.config.bootstrap_servers.clone(),
             source: Box::new(source),

@@ -31,10 +31,12 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
 
+use crate::refusal::Refusals;
 use crate::{KafkaSourceError, off_thread};
 
-/// Where the `kafka` sink writes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where the `kafka` sink writes. Its `Debug` hides the values of secret
+/// client options.
+#[derive(Clone, PartialEq, Eq)]
 pub struct KafkaSinkConfig {
     /// `bootstrap.servers` of the output cluster.
     pub bootstrap_servers: String,
@@ -44,6 +46,20 @@ pub struct KafkaSinkConfig {
     pub client_options: BTreeMap<String, String>,
     /// At least once, or exactly once through transactions.
     pub delivery: Delivery,
+}
+
+impl std::fmt::Debug for KafkaSinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSinkConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topic", &self.topic)
+            .field(
+                "client_options",
+                &crate::config::Redacted(&self.client_options),
+            )
+            .field("delivery", &self.delivery)
+            .finish()
+    }
 }
 
 /// How the `kafka` sink delivers a batch.
@@ -86,6 +102,9 @@ fn batch_marker(batch: BatchId) -> String {
 /// all are acknowledged.
 pub struct KafkaSink {
     producer: ThreadedProducer<Deliveries>,
+    /// The producer's settings, to make a new one when a fence ended the old one.
+    client: ClientConfig,
+    bootstrap: String,
     topic: String,
     query_id: String,
     batch: BatchId,
@@ -118,7 +137,7 @@ impl KafkaSink {
             Delivery::ExactlyOnce => {
                 let id = Self::transactional_id(query_id, &config.topic);
                 client.set("transactional.id", &id);
-                let group: BaseConsumer = ClientConfig::new()
+                let group: BaseConsumer = security_config(&config)
                     .set("bootstrap.servers", &config.bootstrap_servers)
                     .set("group.id", &id)
                     .set("enable.auto.commit", "false")
@@ -134,12 +153,14 @@ impl KafkaSink {
                 })
             }
         };
+        client.set("delivery.report.only.error", "true");
         let producer = client
-            .set("delivery.report.only.error", "true")
             .create_with_context(Deliveries::default())
             .map_err(client_error)?;
         Ok(KafkaSink {
             producer,
+            client,
+            bootstrap: config.bootstrap_servers.clone(),
             topic: config.topic,
             query_id: query_id.to_owned(),
             batch: BatchId::FIRST,
@@ -198,7 +219,7 @@ impl KafkaSink {
                 source: Box::new(source),
             }
         };
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        let admin: AdminClient<DefaultClientContext> = security_config(config)
             .set("bootstrap.servers", &config.bootstrap_servers)
             .create()
             .map_err(|source| KafkaSourceError::Client {
@@ -253,9 +274,48 @@ impl KafkaSink {
         call: impl FnOnce(&ThreadedProducer<Deliveries>) -> KafkaResult<()> + Send + 'static,
     ) -> Result<(), KafkaSourceError> {
         let producer = self.producer.clone();
-        off_thread(move || call(&producer))
-            .await?
-            .map_err(|source| self.transaction_error(what, source))
+        let result = off_thread(move || call(&producer)).await?;
+        self.refused(result.map_err(|source| self.transaction_error(what, source)))
+    }
+
+    /// An error the cluster's refusal explains (a failed login or handshake)
+    /// as that refusal, which no retry changes; a success forgets earlier ones.
+    fn refused<T>(&self, result: Result<T, KafkaSourceError>) -> Result<T, KafkaSourceError> {
+        let refusals = &self.producer.context().refusals;
+        match result {
+            Ok(value) => {
+                refusals.clear();
+                Ok(value)
+            }
+            Err(e) => match (refusals.last(), &e) {
+                (_, KafkaSourceError::Fenced { .. }) | (None, _) => Err(e),
+                (Some(why), _) => Err(KafkaSourceError::Refused {
+                    bootstrap: self.bootstrap.clone(),
+                    what: e.to_string(),
+                    why,
+                }),
+            },
+        }
+    }
+
+    /// Makes a new producer when the old one was fenced, which ends a
+    /// transactional producer for good, then fences every earlier one.
+    async fn take_over_transactions(&mut self) -> Result<(), KafkaSourceError> {
+        let Some(t) = self.transactions.as_mut() else {
+            return Ok(());
+        };
+        if t.ready {
+            t.ready = false;
+            t.open = false;
+            self.producer = self
+                .client
+                .create_with_context(Deliveries::default())
+                .map_err(|source| KafkaSourceError::Client {
+                    bootstrap: self.bootstrap.clone(),
+                    source: Box::new(source),
+                })?;
+        }
+        self.ensure_ready().await
     }
 
     /// What a failed transaction call means: fenced by a newer runner, to be
@@ -383,19 +443,20 @@ impl KafkaSink {
     async fn flush(&mut self) -> Result<(), KafkaSourceError> {
         let batch = self.batch;
         let producer = self.producer.clone();
-        off_thread(move || producer.flush(Duration::from_secs(30)))
+        let flushed = off_thread(move || producer.flush(Duration::from_secs(30)))
             .await?
             .map_err(|source| KafkaSourceError::Kafka {
                 what: format!("flushing batch {batch}"),
                 source: Box::new(source),
-            })?;
-        match self.producer.context().take_failure() {
+            });
+        let delivered = flushed.and_then(|()| match self.producer.context().take_failure() {
             None => Ok(()),
             Some((partition, source)) => Err(KafkaSourceError::Kafka {
                 what: format!("producing batch {batch} to {partition}"),
                 source: Box::new(source),
             }),
-        }
+        });
+        self.refused(delivered)
     }
 }
 
@@ -405,6 +466,7 @@ impl KafkaSink {
 #[derive(Default)]
 pub struct Deliveries {
     failed: Mutex<Option<(String, KafkaError)>>,
+    refusals: Refusals,
 }
 
 impl Deliveries {
@@ -416,7 +478,28 @@ impl Deliveries {
     }
 }
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        crate::route_log(&self.refusals, level, facility, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        crate::route_error(&self.refusals, &error, reason);
+    }
+}
+
+/// A client of the output cluster with the sink's security options only: the
+/// consumer of the transactions' group and the admin client that reads the
+/// broker's limits.
+fn security_config(config: &KafkaSinkConfig) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    for (key, value) in &config.client_options {
+        if crate::is_security_option(key) {
+            client.set(key, value);
+        }
+    }
+    client
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
@@ -588,6 +671,14 @@ fn bytes_at(array: &dyn arrow::array::Array, i: usize) -> Option<&[u8]> {
 impl Sink<arrow::array::RecordBatch> for KafkaSink {
     type Error = KafkaSourceError;
 
+    async fn take_over(&mut self) -> Result<(), KafkaSourceError> {
+        self.take_over_transactions().await
+    }
+
+    fn is_fenced(error: &KafkaSourceError) -> bool {
+        <Self as Sink>::is_fenced(error)
+    }
+
     async fn begin_batch(
         &mut self,
         batch: BatchId,
@@ -689,6 +780,14 @@ impl Sink<arrow::array::RecordBatch> for KafkaSink {
 
 impl Sink for KafkaSink {
     type Error = KafkaSourceError;
+
+    async fn take_over(&mut self) -> Result<(), KafkaSourceError> {
+        self.take_over_transactions().await
+    }
+
+    fn is_fenced(error: &KafkaSourceError) -> bool {
+        matches!(error, KafkaSourceError::Fenced { .. })
+    }
 
     async fn begin_batch(
         &mut self,

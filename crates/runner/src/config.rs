@@ -162,8 +162,9 @@ pub struct CheckpointSection {
     pub auth: CassandraAuth,
 }
 
-/// Authentication and TLS for Cassandra, in `[checkpoint]` and `[sink]`.
-#[derive(Debug, Default, Deserialize, Clone)]
+/// Authentication and TLS for Cassandra, in `[checkpoint]` and `[sink]`. Its
+/// `Debug` hides the password.
+#[derive(Default, Deserialize, Clone)]
 pub struct CassandraAuth {
     pub username: Option<String>,
     pub password: Option<String>,
@@ -171,6 +172,17 @@ pub struct CassandraAuth {
     pub password_env: Option<String>,
     /// Connect with TLS, verifying the nodes against this CA certificate (PEM).
     pub tls_ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for CassandraAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CassandraAuth")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password_env", &self.password_env)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .finish()
+    }
 }
 
 impl CassandraAuth {
@@ -759,11 +771,15 @@ fn settings(config: Config) -> Result<Settings> {
                 ),
                 (Some(path), None) => DeadLetters::Directory(path),
                 (None, Some(topic)) => DeadLetters::Kafka(sluice_kafka_source::KafkaSinkConfig {
+                    // On the source's cluster, it reaches it as the source does.
+                    client_options: match &dead.bootstrap_servers {
+                        None => with_source_security(&kafka.client_options, BTreeMap::new()),
+                        Some(_) => BTreeMap::new(),
+                    },
                     bootstrap_servers: dead
                         .bootstrap_servers
                         .unwrap_or_else(|| kafka.bootstrap_servers.clone()),
                     topic,
-                    client_options: BTreeMap::new(),
                     delivery: sluice_kafka_source::Delivery::AtLeastOnce,
                 }),
                 _ => bail!("[dead_letter] takes path or topic, exactly one"),
@@ -847,6 +863,12 @@ fn settings(config: Config) -> Result<Settings> {
                     "sink.delivery must be \"at_least_once\" or \"exactly_once\", not {other:?}"
                 ),
             };
+            let own_options = client_options("sink.kafka", config.sink.kafka)?;
+            // On the source's cluster, the sink reaches it as the source does.
+            let sink_options = match &config.sink.bootstrap_servers {
+                None => with_source_security(&kafka.client_options, own_options),
+                Some(_) => own_options,
+            };
             let bootstrap_servers = config
                 .sink
                 .bootstrap_servers
@@ -868,7 +890,7 @@ fn settings(config: Config) -> Result<Settings> {
                     .sink
                     .topic
                     .context("a kafka sink needs sink.topic, the topic to produce to")?,
-                client_options: client_options("sink.kafka", config.sink.kafka)?,
+                client_options: sink_options,
                 delivery,
             })
         }
@@ -973,23 +995,71 @@ fn settings(config: Config) -> Result<Settings> {
 }
 
 /// librdkafka options from a TOML table: strings, numbers and booleans as text.
+/// `KEY_env = "VAR"` takes the value of `KEY` from the environment variable
+/// `VAR` (`"sasl.password_env"`), to keep secrets out of the file. A secret's
+/// value is never shown in an error.
 fn client_options(
     table: &str,
     values: BTreeMap<String, toml::Value>,
 ) -> Result<BTreeMap<String, String>> {
-    values
-        .into_iter()
-        .map(|(key, value)| {
-            let text = match value {
-                toml::Value::String(s) => s,
-                toml::Value::Integer(i) => i.to_string(),
-                toml::Value::Boolean(b) => b.to_string(),
-                toml::Value::Float(f) => f.to_string(),
-                other => bail!("[{table}] {key} must be a string, number or boolean, not {other}"),
+    let mut options = BTreeMap::new();
+    for (key, value) in &values {
+        if let Some(option) = key.strip_suffix("_env") {
+            let toml::Value::String(var) = value else {
+                bail!("[{table}] {key} names an environment variable: give its name as a string");
             };
-            Ok((key, text))
-        })
-        .collect()
+            if values.contains_key(option) {
+                bail!("[{table}] takes {option} or {key}, not both");
+            }
+            let text = std::env::var(var)
+                .with_context(|| format!("[{table}] {key} names {var}, which is not set"))?;
+            options.insert(option.to_owned(), text);
+            continue;
+        }
+        let text = match value {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            _ if sluice_kafka_source::is_secret_option(key) => {
+                bail!("[{table}] {key} must be a string")
+            }
+            other => bail!("[{table}] {key} must be a string, number or boolean, not {other}"),
+        };
+        options.insert(key.clone(), text);
+    }
+    Ok(options)
+}
+
+/// The source's security options (protocol, TLS, SASL) under `own`, for another
+/// client of the source's cluster: what it sets itself wins.
+fn with_source_security(
+    source: &BTreeMap<String, String>,
+    own: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut options: BTreeMap<String, String> = source
+        .iter()
+        .filter(|(key, _)| sluice_kafka_source::is_security_option(key))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
+    options.extend(own);
+    options
+}
+
+/// Where the metrics endpoint listens: `host:port` as given, or loopback for a
+/// bare port (`"9464"` or `":9464"`), so that the endpoint is reachable from
+/// elsewhere only when the address says so (`"0.0.0.0:9464"`).
+pub fn metrics_listen(text: &str) -> Result<std::net::SocketAddr> {
+    let port_only = text.strip_prefix(':').unwrap_or(text);
+    if let Ok(port) = port_only.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().with_context(|| {
+        format!(
+            "progress.metrics_addr = {text:?} is neither host:port (\"127.0.0.1:9464\", \
+             \"0.0.0.0:9464\" for every interface) nor a port (\"9464\", on loopback)"
+        )
+    })
 }
 
 fn parse_duration(key: &str, text: &str) -> Result<Duration> {
@@ -1014,6 +1084,73 @@ mod tests {
         [sink]
         type = "console"
     "#;
+
+    #[test]
+    fn kafka_secrets_come_from_the_environment_and_are_never_shown() {
+        let config = |source: &str, sink: &str| {
+            format!(
+                "[source]\nbootstrap_servers = \"h:9094\"\nsubscribe = [\"events\"]\n\
+                 [source.kafka]\n{source}\n[checkpoint]\nlocation = \"/tmp/q\"\n\
+                 [sink]\ntype = \"kafka\"\ntopic = \"out\"\n{sink}"
+            )
+        };
+        // SAFETY: no other test reads or writes this variable.
+        unsafe { std::env::set_var("SLUICE_TEST_SASL_SECRET", "from-the-environment") };
+        let source = "\"security.protocol\" = \"SASL_SSL\"\n\"sasl.username\" = \"u\"\n\
+                      \"sasl.password_env\" = \"SLUICE_TEST_SASL_SECRET\"\nlinger = 1";
+        let settings = parse(&config(source, "")).unwrap();
+        assert_eq!(
+            settings.kafka.client_options["sasl.password"],
+            "from-the-environment"
+        );
+        assert!(
+            !settings
+                .kafka
+                .client_options
+                .contains_key("sasl.password_env")
+        );
+        // The sink on the source's cluster reaches it as the source does, and
+        // takes none of the source's other options.
+        let SinkKind::Kafka(sink) = &settings.sink else {
+            panic!("a kafka sink")
+        };
+        assert_eq!(sink.client_options["sasl.password"], "from-the-environment");
+        assert_eq!(sink.client_options["security.protocol"], "SASL_SSL");
+        assert!(!sink.client_options.contains_key("linger"));
+        assert!(!format!("{:?}", settings.kafka).contains("from-the-environment"));
+        assert!(!format!("{sink:?}").contains("from-the-environment"));
+        // Another cluster: the sink's own options only.
+        let other = parse(&config(source, "bootstrap_servers = \"other:9092\"")).unwrap();
+        let SinkKind::Kafka(sink) = &other.sink else {
+            panic!("a kafka sink")
+        };
+        assert!(sink.client_options.is_empty());
+
+        let err = |source: &str| format!("{:#}", parse(&config(source, "")).unwrap_err());
+        assert!(
+            err("\"sasl.password_env\" = \"SLUICE_TEST_UNSET_VAR\"").contains("which is not set")
+        );
+        assert!(
+            err("\"sasl.password\" = \"a\"\n\"sasl.password_env\" = \"SLUICE_TEST_SASL_SECRET\"")
+                .contains("not both")
+        );
+        let shown = err("\"sasl.password\" = [\"hunter2-in-a-list\"]");
+        assert!(shown.contains("sasl.password must be a string"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn a_metrics_port_alone_listens_on_loopback_only() {
+        for text in ["9464", ":9464", "127.0.0.1:9464"] {
+            assert_eq!(metrics_listen(text).unwrap().to_string(), "127.0.0.1:9464");
+        }
+        assert_eq!(
+            metrics_listen("0.0.0.0:9464").unwrap().to_string(),
+            "0.0.0.0:9464"
+        );
+        let err = format!("{:#}", metrics_listen("localhost").unwrap_err());
+        assert!(err.contains("neither host:port"), "{err}");
+    }
 
     #[test]
     fn a_minimal_config_gets_sparks_defaults() {

@@ -54,7 +54,8 @@ impl Exit {
             CassandraStoreError::Location { .. }
             | CassandraStoreError::MissingKeyspace { .. }
             | CassandraStoreError::MissingTable { .. }
-            | CassandraStoreError::OldTable { .. } => 2,
+            | CassandraStoreError::OldTable { .. }
+            | CassandraStoreError::Refused { .. } => 2,
             CassandraStoreError::Fenced { .. }
             | CassandraStoreError::AlreadyExists { .. }
             | CassandraStoreError::CommitWithoutPlan { .. }
@@ -138,7 +139,8 @@ impl Classify for KafkaSourceError {
             | KafkaSourceError::OwnedOption { .. }
             | KafkaSourceError::Pattern { .. }
             | KafkaSourceError::NoOffsetForTimestamp { .. }
-            | KafkaSourceError::NoCommittedOffset { .. }) => Exit::config(e.into()),
+            | KafkaSourceError::NoCommittedOffset { .. }
+            | KafkaSourceError::Refused { .. }) => Exit::config(e.into()),
             e => Exit::runtime(e.into()),
         }
     }

@@ -1,38 +1,58 @@
-//! A test hook that kills the process at one moment the random SIGKILLs of the
-//! tests might miss: `SLUICE_FAILPOINT=after_sink_commit:<batch>` aborts right
-//! after the sink made batch `<batch>` durable (a Kafka transaction committed)
-//! and before the store's commit of it is written.
+//! Test hooks for the moments the random SIGKILLs of the tests might miss,
+//! named by `SLUICE_FAILPOINT`:
+//! - `after_sink_commit:<batch>` aborts right after the sink made batch `<batch>`
+//!   durable (a Kafka transaction committed) and before the store's commit of it
+//!   is written;
+//! - `before_sink_take_over` stops the process (SIGSTOP) after it claimed the
+//!   query and before the sink fences earlier writers, as a runner paused there
+//!   by the machine would be, until a SIGCONT.
 
 use sluice_offsets::{BatchId, OffsetRange, Sink};
 
 /// The environment variable naming the failpoint.
 pub const FAILPOINT_VAR: &str = "SLUICE_FAILPOINT";
 
-/// The batch after whose sink commit the process aborts, if the failpoint is set.
-pub fn crash_after_sink_commit() -> anyhow::Result<Option<BatchId>> {
+/// Where the process is to fail, as `SLUICE_FAILPOINT` says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Failpoint {
+    /// None: everything passes through.
+    #[default]
+    None,
+    /// Abort once the sink finished this batch.
+    AfterSinkCommit(BatchId),
+    /// Stop the process before the sink's take-over.
+    BeforeSinkTakeOver,
+}
+
+/// The failpoint the environment sets.
+pub fn from_env() -> anyhow::Result<Failpoint> {
     let Ok(value) = std::env::var(FAILPOINT_VAR) else {
-        return Ok(None);
+        return Ok(Failpoint::None);
     };
-    let batch = value
+    if value == "before_sink_take_over" {
+        return Ok(Failpoint::BeforeSinkTakeOver);
+    }
+    value
         .strip_prefix("after_sink_commit:")
         .and_then(|b| b.parse::<u64>().ok())
+        .map(|batch| Failpoint::AfterSinkCommit(BatchId(batch)))
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "{FAILPOINT_VAR}={value:?}: the one failpoint is after_sink_commit:<batch id>"
+                "{FAILPOINT_VAR}={value:?}: the failpoints are after_sink_commit:<batch id> and \
+                 before_sink_take_over"
             )
-        })?;
-    Ok(Some(BatchId(batch)))
+        })
 }
 
-/// A sink that aborts the process once `inner` finished batch `at`.
-pub struct CrashAfterCommit<S> {
+/// A sink that fails the process at `at` and otherwise is `inner`.
+pub struct WithFailpoint<S> {
     /// The sink written to.
     pub inner: S,
-    /// The batch to crash after; `None` passes everything through.
-    pub at: Option<BatchId>,
+    /// Where to fail.
+    pub at: Failpoint,
 }
 
-impl<T: ?Sized + Sync, S: Sink<T>> Sink<T> for CrashAfterCommit<S> {
+impl<T: ?Sized + Sync, S: Sink<T>> Sink<T> for WithFailpoint<S> {
     type Error = S::Error;
 
     async fn begin_batch(
@@ -49,7 +69,7 @@ impl<T: ?Sized + Sync, S: Sink<T>> Sink<T> for CrashAfterCommit<S> {
 
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), S::Error> {
         self.inner.finish_batch(batch).await?;
-        if self.at == Some(batch) {
+        if self.at == Failpoint::AfterSinkCommit(batch) {
             eprintln!("sluice: {FAILPOINT_VAR}: aborting after the sink committed batch {batch}");
             std::process::abort();
         }
@@ -58,6 +78,21 @@ impl<T: ?Sized + Sync, S: Sink<T>> Sink<T> for CrashAfterCommit<S> {
 
     fn is_transient(error: &S::Error) -> bool {
         S::is_transient(error)
+    }
+
+    async fn take_over(&mut self) -> Result<(), S::Error> {
+        if self.at == Failpoint::BeforeSinkTakeOver {
+            eprintln!("sluice: {FAILPOINT_VAR}: stopping before the sink's take-over");
+            // The process stops here until a SIGCONT; `kill` spares a libc binding.
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &std::process::id().to_string()])
+                .status();
+        }
+        self.inner.take_over().await
+    }
+
+    fn is_fenced(error: &S::Error) -> bool {
+        S::is_fenced(error)
     }
 
     async fn delivered(

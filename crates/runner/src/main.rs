@@ -389,9 +389,9 @@ impl Parts {
         K: Sink<P::Output>,
         D: Sink,
     {
-        let sink = failpoint::CrashAfterCommit {
+        let sink = failpoint::WithFailpoint {
             inner: sink,
-            at: failpoint::crash_after_sink_commit().map_err(Exit::config)?,
+            at: failpoint::from_env().map_err(Exit::config)?,
         };
         run_query(
             self.settings,
@@ -459,10 +459,7 @@ where
         None => None,
     };
     if let Some(addr) = &settings.progress.metrics_addr {
-        let addr: std::net::SocketAddr = addr
-            .parse()
-            .with_context(|| format!("progress.metrics_addr {addr:?} is not host:port"))
-            .map_err(Exit::config)?;
+        let addr = config::metrics_listen(addr).map_err(Exit::config)?;
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
             .install()
@@ -608,10 +605,7 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
     }
     let mut source =
         KafkaSource::new(settings.kafka.clone(), "validate").map_err(|e| Exit::config(e.into()))?;
-    let partitions = source
-        .partitions()
-        .await
-        .map_err(|e| Exit::runtime(e.into()))?;
+    let partitions = source.partitions().await.map_err(Classify::exit)?;
     let missing: Vec<String> = match &settings.kafka.selection {
         sluice_kafka_source::TopicSelection::Subscribe(topics) => topics
             .iter()
