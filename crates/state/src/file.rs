@@ -41,6 +41,12 @@ pub fn decode(bytes: &[u8], schema: &SchemaRef, location: &str) -> Result<Record
         // The empty state, as `offsets set --reset-state` writes it.
         return Ok(RecordBatch::new_empty(schema.clone()));
     }
+    // Arrow's reader allocates what a compressed buffer says it holds before
+    // it decompresses: a damaged length aborts the process, which no catch can
+    // turn into an error (found by the state_file fuzzer).
+    if let Err(reason) = check_compressed_lengths(bytes) {
+        return Err(damaged(format!("damaged: {reason}")));
+    }
     // Arrow's reader panics on some damaged files (a validity bitmap shorter
     // than its column, found by the state_file fuzzer) instead of returning an
     // error; a damaged file must stop the query with its name, not a panic.
@@ -57,6 +63,78 @@ pub fn decode(bytes: &[u8], schema: &SchemaRef, location: &str) -> Result<Record
             "damaged: Arrow's reader gave up ({reason})"
         )))
     })
+}
+
+/// How many times its compressed size a buffer may hold: LZ4 compresses at
+/// most about 255 to 1; zstd, which Sluice does not write, far more.
+fn most_per_compressed_byte(codec: arrow::ipc::CompressionType) -> u64 {
+    if codec == CompressionType::LZ4_FRAME {
+        256
+    } else {
+        1 << 16
+    }
+}
+
+/// Walks the IPC stream's messages and checks that no compressed buffer says
+/// it holds more than its codec could have made of it. What does not parse is
+/// left to Arrow's reader, which names it.
+fn check_compressed_lengths(bytes: &[u8]) -> Result<(), String> {
+    let int32 = |at: usize| -> Option<i32> {
+        Some(i32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+    };
+    let mut at = 0;
+    while let Some(mut length) = int32(at) {
+        at += 4;
+        if length == -1 {
+            // The continuation marker before the metadata's length.
+            let Some(after) = int32(at) else { break };
+            length = after;
+            at += 4;
+        }
+        let Ok(length) = usize::try_from(length) else {
+            break;
+        };
+        if length == 0 {
+            break;
+        }
+        let Some(metadata) = bytes.get(at..at.saturating_add(length)) else {
+            break;
+        };
+        let Ok(message) = arrow::ipc::root_as_message(metadata) else {
+            break;
+        };
+        at += length;
+        let Ok(body_length) = usize::try_from(message.bodyLength()) else {
+            break;
+        };
+        let body = bytes.get(at..at.saturating_add(body_length)).unwrap_or(&[]);
+        if let Some(batch) = message.header_as_record_batch()
+            && let (Some(compression), Some(buffers)) = (batch.compression(), batch.buffers())
+        {
+            let most = most_per_compressed_byte(compression.codec());
+            for buffer in buffers.iter() {
+                let (Ok(offset), Ok(stored)) = (
+                    usize::try_from(buffer.offset()),
+                    u64::try_from(buffer.length()),
+                ) else {
+                    continue;
+                };
+                // Each compressed buffer starts with its length uncompressed,
+                // or -1 when it was stored as it is.
+                let Some(head) = body.get(offset..offset.saturating_add(8)) else {
+                    continue;
+                };
+                let claimed = i64::from_le_bytes(head.try_into().unwrap_or_default());
+                if claimed > 0 && claimed.unsigned_abs() > stored.saturating_mul(most) + 1024 {
+                    return Err(format!(
+                        "a compressed buffer of {stored} bytes says it holds {claimed} bytes"
+                    ));
+                }
+            }
+        }
+        at = at.saturating_add(body_length);
+    }
+    Ok(())
 }
 
 /// The table of a state file that is not empty.
@@ -116,6 +194,27 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("state/0/0/4.delta"), "{message}");
         assert!(message.contains("Arrow's reader gave up"), "{message}");
+    }
+
+    /// The state_file fuzzer's third finding: a compressed buffer whose
+    /// length says it holds 1.4 EB, which Arrow's reader tried to allocate, so
+    /// that the process aborted.
+    #[test]
+    fn a_compressed_buffer_claiming_more_than_lz4_can_hold_is_damaged_not_an_abort() {
+        let seed: &[u8] = include_bytes!("../../../fuzz/seeds/state_file/window-state.delta");
+        let schema = StreamReader::try_new(Cursor::new(seed), None)
+            .unwrap()
+            .schema();
+        let found: &[u8] = include_bytes!(
+            "../../../fuzz/regressions/state_file/crash-2c88b693fe9c203ef46ab5a6166b197e5b055b4f"
+        );
+        let message = decode(found, &schema, "state/0/0/7.delta")
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("state/0/0/7.delta"), "{message}");
+        assert!(message.contains("says it holds"), "{message}");
+        // The real file it came from still reads.
+        assert!(decode(seed, &schema, "seed").is_ok());
     }
 
     use arrow::array::Int64Array;
