@@ -6,6 +6,7 @@
 //! (comma-separated `host:port` pairs) to test against others.
 
 pub mod kafka;
+pub mod mount;
 pub mod process;
 pub mod secure;
 

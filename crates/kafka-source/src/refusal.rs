@@ -18,22 +18,23 @@ pub(crate) struct Refusals(Arc<Mutex<Seen>>);
 #[derive(Debug, Default)]
 struct Seen {
     refusal: Option<String>,
-    /// Connections closed by the broker at the client's first request.
-    closed_at_first_request: u32,
+    /// A request of this client has been answered: the cluster takes it.
+    answered: bool,
+    /// The broker connection whose connections were closed at the first
+    /// request, and how many times in a row.
+    closed_at_first_request: Option<(String, u32)>,
 }
 
-/// How many connections closed at the first request make a refusal: one may be
-/// a broker that was stopping, a second one in a row is the listener's answer.
+/// How many connections to one broker closed at the first request make a
+/// refusal: one may be a broker that was stopping, a second one in a row with
+/// no refused connection between them is the listener's answer. (librdkafka
+/// logs an identical failure at most twice in 30 s.)
 const CLOSED_AT_FIRST_REQUEST: u32 = 2;
 
 impl Refusals {
     /// Keeps `reason` when `error` is a refusal; says whether it was.
     pub(crate) fn observe(&self, error: &KafkaError, reason: &str) -> bool {
-        if !is_refusal(error, reason) {
-            return false;
-        }
-        self.keep(reason);
-        true
+        is_refusal(error, reason) && self.keep(reason)
     }
 
     /// Keeps a broker failure that librdkafka logged (facility `FAIL`) when its
@@ -43,37 +44,61 @@ impl Refusals {
             return false;
         }
         if refusal_text(message) {
-            self.keep(message);
-            return true;
+            return self.keep(message);
         }
         // A plaintext client at a TLS listener: the broker closes the connection
-        // at the first request, every time.
-        if message.contains("Disconnected") && message.contains("in state APIVERSION_QUERY") {
-            let mut seen = self.seen();
-            seen.closed_at_first_request += 1;
-            if seen.closed_at_first_request >= CLOSED_AT_FIRST_REQUEST {
-                seen.refusal = Some(format!(
-                    "{}; a broker that closes every connection at the first request \
-                     expects another security protocol (TLS or SASL)",
-                    without_thread(message)
-                ));
-                return true;
-            }
+        // at the first request, every time, and never answers one. A broker that
+        // is stopping closes or resets connections too, but then refuses the
+        // next ones, and a client it answered before is not refused by it.
+        let mut seen = self.seen();
+        if message.contains("Connection refused") {
+            seen.closed_at_first_request = None;
+            return false;
         }
-        false
+        let text = without_thread(message);
+        let Some((broker, _)) = text.split_once(": Disconnected: connection closed by peer") else {
+            return false;
+        };
+        if seen.answered || !text.contains("in state APIVERSION_QUERY") {
+            return false;
+        }
+        let times = match &seen.closed_at_first_request {
+            Some((same, times)) if same == broker => times + 1,
+            _ => 1,
+        };
+        seen.closed_at_first_request = Some((broker.to_owned(), times));
+        if times < CLOSED_AT_FIRST_REQUEST {
+            return false;
+        }
+        seen.refusal = Some(format!(
+            "{text}; a broker that closes every connection at the first request expects another \
+             security protocol (TLS or SASL)"
+        ));
+        true
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn keep(&self, reason: &str) {
-        self.seen().refusal = Some(without_thread(reason).to_owned());
+    /// Keeps `reason`, unless the cluster answered this client before and it
+    /// is not a login refused: a TLS connection to a broker that is stopping
+    /// may fail its handshake once, and the retries then find the broker back.
+    fn keep(&self, reason: &str) -> bool {
+        let mut seen = self.seen();
+        if seen.answered && !reason.contains("SASL authentication") {
+            return false;
+        }
+        seen.refusal = Some(without_thread(reason).to_owned());
+        true
     }
 
     /// Forgets what was seen, after a request that succeeded.
     pub(crate) fn clear(&self) {
-        *self.seen() = Seen::default();
+        *self.seen() = Seen {
+            answered: true,
+            ..Seen::default()
+        };
     }
 
     /// The last refusal since [`Refusals::clear`].
@@ -167,28 +192,53 @@ mod tests {
         assert_eq!(refusals.last(), None);
         let closed = "127.0.0.1:9094/bootstrap: Disconnected: connection closed by peer: receive 0 \
                       after POLLIN (after 1ms in state APIVERSION_QUERY)";
+        let fresh = Refusals::default();
         assert!(
-            !refusals.observe_log("FAIL", closed),
+            !fresh.observe_log("FAIL", closed),
             "once may be a broker stopping"
         );
-        assert!(refusals.observe_log("FAIL", closed));
+        assert!(fresh.observe_log("FAIL", closed));
+        assert!(fresh.last().unwrap().contains("another security protocol"));
+        // A broker stopping (seen in CI): two of its connections reset at the
+        // first request, then refused; or closed after a client it answered.
+        let stopping = Refusals::default();
+        for line in [
+            "127.0.0.1:9092/1: Disconnected: connection reset by peer (after 0ms in state \
+             APIVERSION_QUERY)",
+            "GroupCoordinator: 127.0.0.1:9092: Disconnected: connection closed by peer: receive 0 \
+             after POLLIN (after 3109ms in state UP)",
+            "GroupCoordinator: 127.0.0.1:9092: Disconnected: connection reset by peer (after 0ms \
+             in state APIVERSION_QUERY)",
+        ] {
+            assert!(!stopping.observe_log("FAIL", line), "{line}");
+        }
+        let once = "GroupCoordinator: 127.0.0.1:9092: Disconnected: connection closed by peer: \
+                    receive 0 after POLLIN (after 0ms in state APIVERSION_QUERY)";
+        assert!(!stopping.observe_log("FAIL", once));
+        let refused = "GroupCoordinator: 127.0.0.1:9092: Connect to ipv4#127.0.0.1:9092 failed: \
+                       Connection refused (after 0ms in state CONNECT)";
+        assert!(!stopping.observe_log("FAIL", refused));
         assert!(
-            refusals
-                .last()
-                .unwrap()
-                .contains("another security protocol")
+            !stopping.observe_log("FAIL", once),
+            "the refusal started the count again"
         );
-        refusals.clear();
+        assert_eq!(stopping.last(), None);
+        let answered = Refusals::default();
+        answered.clear();
+        assert!(!answered.observe_log("FAIL", closed));
         assert!(
-            !refusals.observe_log("FAIL", closed),
-            "a success starts the count again"
+            !answered.observe_log("FAIL", closed),
+            "a broker that answered before"
         );
-        assert!(refusals.observe_log(
+        let untrusted = "sasl_ssl://127.0.0.1:9094/bootstrap: SSL handshake failed: \
+                         error:0A000086:SSL routines::certificate verify failed: broker \
+                         certificate could not be verified";
+        assert!(Refusals::default().observe_log("FAIL", untrusted));
+        // Once answered, only a refused login is still final.
+        assert!(!answered.observe_log("FAIL", untrusted));
+        assert!(answered.observe_log(
             "FAIL",
-            "sasl_ssl://127.0.0.1:9094/bootstrap: SSL handshake failed: error:0A000086:SSL \
-             routines::certificate verify failed: broker certificate could not be verified"
+            "sasl_ssl://127.0.0.1:9094/1: SASL authentication error: Authentication failed"
         ));
-        refusals.clear();
-        assert_eq!(refusals.last(), None);
     }
 }
