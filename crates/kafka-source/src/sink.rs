@@ -456,7 +456,37 @@ impl KafkaSink {
                 source: Box::new(source),
             }),
         });
-        self.refused(delivered)
+        self.refused(delivered.map_err(|e| self.fenced_or(e)))
+    }
+
+    /// `error` as `Fenced` when the producer failed for good because a newer
+    /// producer of its transactional id fenced it: a send or a flush then says
+    /// only "fatal error", and the producer keeps the reason.
+    fn fenced_or(&self, error: KafkaSourceError) -> KafkaSourceError {
+        let fatal = matches!(
+            &error,
+            KafkaSourceError::Kafka { source, .. }
+                if source.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal)
+        );
+        let fenced = fatal
+            && matches!(
+                self.producer.client().fatal_error(),
+                Some((
+                    RDKafkaErrorCode::Fenced
+                        | RDKafkaErrorCode::ProducerFenced
+                        | RDKafkaErrorCode::InvalidProducerEpoch,
+                    _
+                ))
+            );
+        match (error, &self.transactions) {
+            (KafkaSourceError::Kafka { source, .. }, Some(t)) if fenced => {
+                KafkaSourceError::Fenced {
+                    transactional_id: t.id.clone(),
+                    source,
+                }
+            }
+            (error, _) => error,
+        }
     }
 }
 
@@ -611,10 +641,10 @@ impl KafkaSink {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err((source, _)) => {
-                    return Err(KafkaSourceError::Kafka {
+                    return Err(self.fenced_or(KafkaSourceError::Kafka {
                         what: format!("producing {position} to {topic}"),
                         source: Box::new(source),
-                    });
+                    }));
                 }
             }
         }
