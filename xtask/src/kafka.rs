@@ -41,14 +41,8 @@ pub fn prepare(service: &Service) -> Result<()> {
     }
     // KRaft needs its storage formatted with a cluster id before the first start.
     let format_log = logs.join("format.log");
-    let output = Command::new("java")
-        .arg(format!(
-            "-Dlog4j2.configurationFile={}",
-            config.join("tools-log4j2.xml").display()
-        ))
-        .arg("-cp")
-        .arg(classpath(service))
-        .args(["kafka.tools.StorageTool", "format", "--standalone", "-t"])
+    let output = tool(service, "kafka.tools.StorageTool")
+        .args(["format", "--standalone", "-t"])
         .arg(random_cluster_id()?)
         .arg("-c")
         .arg(config.join("server.properties"))
@@ -93,6 +87,23 @@ pub fn command(service: &Service) -> Command {
     .arg(classpath(service))
     .arg("kafka.Kafka")
     .arg(config.join("server.properties"));
+    java
+}
+
+/// One of Kafka's command-line tools (`class`), logging warnings to stderr only.
+fn tool(service: &Service, class: &str) -> Command {
+    let mut java = Command::new("java");
+    java.arg(format!(
+        "-Dlog4j2.configurationFile={}",
+        service
+            .dir
+            .join("config")
+            .join("tools-log4j2.xml")
+            .display()
+    ))
+    .arg("-cp")
+    .arg(classpath(service))
+    .arg(class);
     java
 }
 
@@ -146,15 +157,7 @@ log.retention.check.interval.ms=5000
 /// KRaft keeps SCRAM credentials in the cluster metadata, written through the
 /// plaintext listener.
 pub fn provision(service: &Service) -> Result<()> {
-    let config = service.dir.join("config");
-    let output = Command::new("java")
-        .arg(format!(
-            "-Dlog4j2.configurationFile={}",
-            config.join("tools-log4j2.xml").display()
-        ))
-        .arg("-cp")
-        .arg(classpath(service))
-        .arg("kafka.admin.ConfigCommand")
+    let output = tool(service, "kafka.admin.ConfigCommand")
         .args(["--bootstrap-server", &format!("127.0.0.1:{PORT}")])
         .args(["--alter", "--entity-type", "users", "--entity-name"])
         .arg(tls::KAFKA_USER)
