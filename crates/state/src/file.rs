@@ -41,12 +41,10 @@ pub fn decode(bytes: &[u8], schema: &SchemaRef, location: &str) -> Result<Record
         // The empty state, as `offsets set --reset-state` writes it.
         return Ok(RecordBatch::new_empty(schema.clone()));
     }
-    // Arrow's reader allocates what a compressed buffer says it holds before
-    // it decompresses: a damaged length aborts the process, which no catch can
-    // turn into an error (found by the state_file fuzzer).
-    if let Err(reason) = check_compressed_lengths(bytes) {
-        return Err(damaged(format!("damaged: {reason}")));
-    }
+    // Arrow's reader allocates what a message or a compressed buffer says it
+    // holds before it reads it: a damaged length aborts the process, which no
+    // catch can turn into an error (found twice by the state_file fuzzer).
+    check_framing(bytes).map_err(damaged)?;
     // Arrow's reader panics on some damaged files (a validity bitmap shorter
     // than its column, found by the state_file fuzzer) instead of returning an
     // error; a damaged file must stop the query with its name, not a panic.
@@ -75,10 +73,11 @@ fn most_per_compressed_byte(codec: arrow::ipc::CompressionType) -> u64 {
     }
 }
 
-/// Walks the IPC stream's messages and checks that no compressed buffer says
-/// it holds more than its codec could have made of it. What does not parse is
-/// left to Arrow's reader, which names it.
-fn check_compressed_lengths(bytes: &[u8]) -> Result<(), String> {
+/// Walks the IPC stream's messages and checks that each fits in the file, that
+/// no compressed buffer says it holds more than its codec could have made of
+/// it, and that the stream ends with its marker. What does not parse is left
+/// to Arrow's reader, which names it.
+fn check_framing(bytes: &[u8]) -> Result<(), String> {
     let int32 = |at: usize| -> Option<i32> {
         Some(i32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
     };
@@ -92,23 +91,45 @@ fn check_compressed_lengths(bytes: &[u8]) -> Result<(), String> {
             at += 4;
         }
         let Ok(length) = usize::try_from(length) else {
-            break;
+            return Ok(());
         };
         if length == 0 {
-            break;
+            // The end-of-stream marker, which every file Sluice writes ends with.
+            return Ok(());
         }
-        let Some(metadata) = bytes.get(at..at.saturating_add(length)) else {
-            break;
-        };
+        // Arrow's reader allocates a message's metadata and body in full
+        // before it reads them, so a length past the end of the file is
+        // found here, not by a failed allocation (found by the state_file
+        // fuzzer: a 1.7 KB file whose body claimed gigabytes).
+        let remaining = bytes.len() - at;
+        if length > remaining {
+            return Err(format!(
+                "cut short: a message's header says it has {length} bytes, and only {remaining} \
+                 remain"
+            ));
+        }
+        let metadata = &bytes[at..at + length];
         let Ok(message) = arrow::ipc::root_as_message(metadata) else {
-            break;
+            return Ok(());
         };
         at += length;
         let Ok(body_length) = usize::try_from(message.bodyLength()) else {
-            break;
+            return Ok(());
         };
-        let body = bytes.get(at..at.saturating_add(body_length)).unwrap_or(&[]);
-        if let Some(batch) = message.header_as_record_batch()
+        let remaining = bytes.len() - at;
+        if body_length > remaining {
+            return Err(format!(
+                "cut short: a message says its body has {body_length} bytes, and only \
+                 {remaining} remain"
+            ));
+        }
+        let body = &bytes[at..at + body_length];
+        let batch = message.header_as_record_batch().or_else(|| {
+            message
+                .header_as_dictionary_batch()
+                .and_then(|dictionary| dictionary.data())
+        });
+        if let Some(batch) = batch
             && let (Some(compression), Some(buffers)) = (batch.compression(), batch.buffers())
         {
             let most = most_per_compressed_byte(compression.codec());
@@ -125,16 +146,23 @@ fn check_compressed_lengths(bytes: &[u8]) -> Result<(), String> {
                     continue;
                 };
                 let claimed = i64::from_le_bytes(head.try_into().unwrap_or_default());
-                if claimed > 0 && claimed.unsigned_abs() > stored.saturating_mul(most) + 1024 {
+                // What the buffer can hold is bounded by the bytes it really
+                // has, whatever its stored length says.
+                let stored = stored.min((body.len() - offset) as u64);
+                if claimed > 0
+                    && claimed.unsigned_abs() > stored.saturating_mul(most).saturating_add(1024)
+                {
                     return Err(format!(
-                        "a compressed buffer of {stored} bytes says it holds {claimed} bytes"
+                        "damaged: a compressed buffer of {stored} bytes says it holds {claimed} bytes"
                     ));
                 }
             }
         }
-        at = at.saturating_add(body_length);
+        at += body_length;
     }
-    Ok(())
+    // Arrow's reader takes a file that stops between two messages for a
+    // whole one, which would read a state cut short as a smaller state.
+    Err("cut short: the file ends without the end-of-stream marker".to_owned())
 }
 
 /// The table of a state file that is not empty.
@@ -215,6 +243,49 @@ mod tests {
         assert!(message.contains("says it holds"), "{message}");
         // The real file it came from still reads.
         assert!(decode(seed, &schema, "seed").is_ok());
+    }
+
+    /// The state_file fuzzer's fourth finding: a message whose body says it
+    /// has gigabytes in a 1.7 KB file, which Arrow's reader allocated before
+    /// reading, so that the process ran out of memory.
+    #[test]
+    fn a_message_longer_than_its_file_is_cut_short_not_out_of_memory() {
+        let seed: &[u8] = include_bytes!("../../../fuzz/seeds/state_file/window-state.delta");
+        let schema = StreamReader::try_new(Cursor::new(seed), None)
+            .unwrap()
+            .schema();
+        let found: &[u8] = include_bytes!(
+            "../../../fuzz/regressions/state_file/oom-ecbc3a03ba1b18f73388c3cc1fbf0b27e7d0c3a5"
+        );
+        let message = decode(found, &schema, "state/0/0/9.delta")
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("state/0/0/9.delta"), "{message}");
+        assert!(message.contains("cut short"), "{message}");
+        // Every prefix of a real file is cut short too, and says so.
+        for end in 1..seed.len() {
+            let cut = decode(&seed[..end], &schema, "seed")
+                .unwrap_err()
+                .to_string();
+            assert!(cut.contains("seed"), "{end}: {cut}");
+        }
+    }
+
+    /// The state_file fuzzer's fifth finding: a compressed buffer whose
+    /// stored length is near 2^64, which overflowed the check above.
+    #[test]
+    fn a_buffer_with_a_huge_stored_length_is_damaged_not_an_overflow() {
+        let seed: &[u8] = include_bytes!("../../../fuzz/seeds/state_file/window-state.delta");
+        let schema = StreamReader::try_new(Cursor::new(seed), None)
+            .unwrap()
+            .schema();
+        let found: &[u8] = include_bytes!(
+            "../../../fuzz/regressions/state_file/crash-0ca50ce7034c7842d816a52b3109cbb064878f1e"
+        );
+        let message = decode(found, &schema, "state/0/0/3.delta")
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("state/0/0/3.delta"), "{message}");
     }
 
     use arrow::array::Int64Array;
