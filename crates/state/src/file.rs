@@ -104,7 +104,7 @@ fn check_framing(bytes: &[u8]) -> Result<(), String> {
         let remaining = bytes.len() - at;
         if length > remaining {
             return Err(format!(
-                "cut short: a message's header says it has {length} bytes, and only {remaining} \
+                "damaged or cut short: a message's header says it has {length} bytes, and only {remaining} \
                  remain"
             ));
         }
@@ -119,7 +119,7 @@ fn check_framing(bytes: &[u8]) -> Result<(), String> {
         let remaining = bytes.len() - at;
         if body_length > remaining {
             return Err(format!(
-                "cut short: a message says its body has {body_length} bytes, and only \
+                "damaged or cut short: a message says its body has {body_length} bytes, and only \
                  {remaining} remain"
             ));
         }
