@@ -507,6 +507,9 @@ fn settings(config: Config) -> Result<Settings> {
             .context("read_ahead_mb is too large for this machine")?;
     }
     if let Some(ms) = source.poll_timeout_ms {
+        if ms == 0 {
+            bail!("source.poll_timeout_ms must be at least 1: every read would give up at once");
+        }
         kafka.poll_timeout = Duration::from_millis(ms);
     }
     // Spark's names for the client's own retries. Sluice retries each request
@@ -531,11 +534,45 @@ fn settings(config: Config) -> Result<Settings> {
         }
     }
     if let Some(ms) = source.request_timeout_ms {
+        if ms == 0 {
+            bail!("source.request_timeout_ms must be at least 1: every request would time out");
+        }
         kafka.request_timeout = Duration::from_millis(ms);
     }
     kafka.client_options = client_options("source.kafka", source.kafka)?;
     kafka.validate()?;
 
+    // Spark takes the first of these by precedence and ignores the others
+    // without a word; a config that names two starts means one of them.
+    let starts: Vec<&str> = [
+        (source.starting_timestamp.is_some(), "starting_timestamp"),
+        (
+            source.starting_offsets_by_timestamp.is_some(),
+            "starting_offsets_by_timestamp",
+        ),
+        (source.starting_offsets.is_some(), "starting_offsets"),
+    ]
+    .into_iter()
+    .filter_map(|(set, name)| set.then_some(name))
+    .collect();
+    if starts.len() > 1 {
+        bail!(
+            "[source] sets {}: each says where a new query starts, so give one (Spark would \
+             take {} and ignore the rest)",
+            starts.join(" and "),
+            starts[0]
+        );
+    }
+    if source.starting_offsets_by_timestamp_strategy.is_some()
+        && source.starting_timestamp.is_none()
+        && source.starting_offsets_by_timestamp.is_none()
+    {
+        bail!(
+            "source.starting_offsets_by_timestamp_strategy says what to do when no offset \
+             matches a starting timestamp, and neither starting_timestamp nor \
+             starting_offsets_by_timestamp is set"
+        );
+    }
     let fallback = match source.starting_offsets_by_timestamp_strategy.as_deref() {
         None | Some("error") => TimestampFallback::Error,
         Some("latest") => TimestampFallback::Latest,
@@ -604,6 +641,25 @@ fn settings(config: Config) -> Result<Settings> {
         (None, false, true) => Trigger::Once,
         _ => bail!("[trigger] takes one of processing_time, available_now = true or once = true"),
     };
+    if trigger == Trigger::Once && max_offsets_per_trigger.is_some() {
+        bail!(
+            "max_offsets_per_trigger limits each batch, and trigger once = true reads everything \
+             in one batch: use available_now = true, which reads the same in batches of that size"
+        );
+    }
+    if matches!(trigger, Trigger::Once | Trigger::AvailableNow)
+        && source.min_offsets_per_trigger.is_some()
+    {
+        bail!(
+            "min_offsets_per_trigger makes a batch wait for new offsets, and a run with {} stops \
+             when it has caught up: remove it, or use processing_time",
+            if trigger == Trigger::Once {
+                "once = true"
+            } else {
+                "available_now = true"
+            }
+        );
+    }
 
     let checkpoint = std::env::var(CHECKPOINT_ENV)
         .ok()
@@ -636,6 +692,11 @@ fn settings(config: Config) -> Result<Settings> {
                 })?;
         }
         if let Some(ms) = section.request_timeout_ms {
+            if ms == 0 {
+                bail!(
+                    "checkpoint.request_timeout_ms must be at least 1: every request would time out"
+                );
+            }
             options.request_timeout = Duration::from_millis(ms);
         }
         StoreKind::Cassandra(location, Box::new(options))
@@ -983,11 +1044,15 @@ fn settings(config: Config) -> Result<Settings> {
         max_offsets_per_trigger,
         min_offsets_per_trigger,
         checkpoint,
-        min_batches_to_retain: config
-            .checkpoint
-            .min_batches_to_retain
-            .unwrap_or(sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN)
-            .max(1),
+        min_batches_to_retain: match config.checkpoint.min_batches_to_retain {
+            // The newest batch is the one a restart continues from.
+            Some(0) => bail!(
+                "checkpoint.min_batches_to_retain must be at least 1: a restart continues from \
+                 the newest batch"
+            ),
+            Some(n) => n,
+            None => sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN,
+        },
         sink,
         progress: config.progress,
         source_description: description,
@@ -1259,6 +1324,36 @@ mod tests {
                 "type = \"discard\"\n[sink.kafka]\n\"linger.ms\" = 5",
                 "sink.kafka is an option of the kafka sink",
             ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nstarting_offsets = \"earliest\"\nstarting_timestamp = 1000",
+                "sets starting_timestamp and starting_offsets: each says where a new query starts",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nstarting_offsets_by_timestamp_strategy = \"latest\"",
+                "neither starting_timestamp nor starting_offsets_by_timestamp is set",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\nrequest_timeout_ms = 0",
+                "source.request_timeout_ms must be at least 1",
+            ),
+            (
+                "subscribe = [\"events\"]",
+                "subscribe = [\"events\"]\npoll_timeout_ms = 0",
+                "source.poll_timeout_ms must be at least 1",
+            ),
+            (
+                "location = \"/tmp/q\"",
+                "location = \"/tmp/q\"\nmin_batches_to_retain = 0",
+                "checkpoint.min_batches_to_retain must be at least 1",
+            ),
+            (
+                "location = \"/tmp/q\"",
+                "location = \"cassandra://h:9042/ks?query=q\"\nrequest_timeout_ms = 0",
+                "checkpoint.request_timeout_ms must be at least 1",
+            ),
         ];
         for (from, to, expected) in cases {
             let text = MINIMAL.replacen(from, to, 1);
@@ -1360,6 +1455,36 @@ mod tests {
         assert!(err("username = \"u\"").contains("needs both username and a password"));
         assert!(err("password_env = \"SLUICE_TEST_UNSET_VAR\"").contains("which is not set"));
         assert!(err("password = \"a\"\npassword_env = \"B\"").contains("not both"));
+    }
+
+    #[test]
+    fn rate_limits_that_a_trigger_cannot_honour_are_refused() {
+        let with = |source: &str, trigger: &str| {
+            let text = MINIMAL
+                .replacen(
+                    "subscribe = [\"events\"]",
+                    &format!("subscribe = [\"events\"]\n{source}"),
+                    1,
+                )
+                .replacen(
+                    "type = \"console\"",
+                    &format!("type = \"console\"\n[trigger]\n{trigger}"),
+                    1,
+                );
+            parse(&text).map(|_| ()).map_err(|e| format!("{e:#}"))
+        };
+        let err = with("max_offsets_per_trigger = 100", "once = true").unwrap_err();
+        assert!(err.contains("use available_now = true"), "{err}");
+        assert!(with("max_offsets_per_trigger = 100", "available_now = true").is_ok());
+        for trigger in ["once = true", "available_now = true"] {
+            let err = with("min_offsets_per_trigger = 100", trigger).unwrap_err();
+            assert!(
+                err.contains("stops when it has caught up"),
+                "{trigger}: {err}"
+            );
+            assert!(err.contains(trigger), "{err}");
+        }
+        assert!(with("min_offsets_per_trigger = 100", "processing_time = \"1s\"").is_ok());
     }
 
     #[test]
