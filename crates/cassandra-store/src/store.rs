@@ -710,6 +710,9 @@ impl OffsetStore for CassandraStore {
             Ok(result) => result,
             Err(e) => {
                 self.uncertain = Some(("plan", batch));
+                // A node that failed may come back without what it acknowledged
+                // last; what follows reads the store again.
+                self.last_plan = None;
                 return Err(query_error(format!(
                     "writing {}",
                     self.entry("plan", batch)
@@ -760,6 +763,9 @@ impl OffsetStore for CassandraStore {
             Ok(result) => result,
             Err(e) => {
                 self.uncertain = Some(("commit", batch));
+                // The retry checks that the plan is still stored, so that a
+                // node that lost it is found, not committed over.
+                self.last_plan = None;
                 return Err(query_error(format!(
                     "writing {}",
                     self.entry("commit", batch)
