@@ -72,15 +72,7 @@ pub fn terminate(pid: u32, marker: &str, grace: Duration) -> Result<()> {
         }
         sleep(Duration::from_millis(200));
     }
-    signal(pid, "KILL")?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if !is_ours(pid, marker) {
-            return Ok(());
-        }
-        sleep(Duration::from_millis(100));
-    }
-    bail!("process {pid} is still alive after SIGKILL")
+    kill(pid, marker)
 }
 
 /// Kills `pid` at once with SIGKILL, as a crash would, and waits until it is gone.
