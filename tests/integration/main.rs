@@ -11,4 +11,5 @@ mod security;
 mod spark_checkpoint;
 mod sql;
 mod stateful;
+mod status_page;
 mod store_suite;

@@ -195,6 +195,32 @@ fn the_sql_engine_computes_and_does_no_io() {
 }
 
 #[test]
+fn the_status_page_knows_nothing_of_the_stream() {
+    // It shows progress as the executor's JSON and metrics as the binary
+    // renders them, so that the page can change without touching the batch
+    // loop, and no client library or engine is built into it.
+    for dep in dependencies(&manifest_of("sluice-status")) {
+        assert!(
+            !dep.starts_with("sluice-"),
+            "sluice-status takes progress reports as JSON text, so it must not depend on {dep}"
+        );
+        assert!(
+            !["rdkafka", "scylla", "datafusion", "arrow"].contains(&dep.as_str()),
+            "sluice-status serves a page, so it must not depend on {dep}"
+        );
+    }
+    for file in rust_files(&root().join("crates/status/src")) {
+        let text = fs::read_to_string(&file).expect("readable source");
+        // The page is embedded: no file is read when it is served.
+        assert!(
+            !text.contains("std::fs"),
+            "{} reads files, but the status page's assets are in the binary",
+            file.display()
+        );
+    }
+}
+
+#[test]
 fn the_runner_talks_to_stores_through_their_crates() {
     for dep in dependencies(&manifest_of("sluice-runner")) {
         assert!(

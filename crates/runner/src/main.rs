@@ -443,7 +443,7 @@ where
         fail_on_data_loss: settings.kafka.fail_on_data_loss,
         min_batches_to_retain: settings.min_batches_to_retain,
         source_description: settings.source_description.clone(),
-        sink_description,
+        sink_description: sink_description.clone(),
         retry: settings.retry,
         on_bad_record: settings.processing.on_bad_record,
     };
@@ -458,18 +458,36 @@ where
         ),
         None => None,
     };
-    if let Some(addr) = &settings.progress.metrics_addr {
-        let addr = config::metrics_listen(addr).map_err(Exit::config)?;
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-            .with_context(|| format!("serving metrics on {addr}"))
-            .map_err(Exit::runtime)?;
-        tracing::info!(%addr, "serving Prometheus metrics");
-    }
+    let metrics_addr = match &settings.progress.metrics_addr {
+        Some(addr) => Some(config::metrics_listen(addr).map_err(Exit::config)?),
+        None => None,
+    };
+    let about = sluice_status::About {
+        name: settings.name.clone(),
+        id: query_id.clone(),
+        run_id: String::new(),
+        trigger: describe_trigger(settings.trigger),
+        source: settings.source_description.clone(),
+        store: describe_store(&settings.checkpoint),
+        sink: sink_description.clone(),
+    };
 
     let stop = stop_on_signals();
     let mut query = Query::with_processor(options, query_id, source, store, processor, sink, dead);
+    let status = match metrics_addr {
+        Some(addr) => {
+            let status = serve_status(
+                sluice_status::About {
+                    run_id: query.run_id().to_owned(),
+                    ..about
+                },
+                addr,
+            )
+            .await?;
+            Some(status)
+        }
+        None => None,
+    };
     let on_progress = |progress: &QueryProgress| {
         // One short line for people; the whole report where machines read logs.
         match LOG_FORMAT.get().copied().unwrap_or(LogFormat::Text) {
@@ -485,12 +503,16 @@ where
         // The line and its newline in one write: `writeln!` makes two, and a
         // SIGKILL between them left a line without its end, which the next
         // run's first line then continued (seen once in CI).
-        if let Some(file) = progress_file.as_mut()
-            && let Err(e) = file.write_all(format!("{}\n", progress.to_json()).as_bytes())
+        let json = (progress_file.is_some() || status.is_some()).then(|| progress.to_json());
+        if let (Some(file), Some(json)) = (progress_file.as_mut(), &json)
+            && let Err(e) = file.write_all(format!("{json}\n").as_bytes())
         {
             tracing::warn!(error = %e, "writing the progress file failed");
         }
         record_metrics(progress);
+        if let (Some(status), Some(json)) = (&status, json) {
+            status.record(json, batch_counts(progress));
+        }
     };
     let summary = query.run(stop, on_progress).await.map_err(Exit::executor)?;
     tracing::info!(
@@ -504,6 +526,81 @@ where
     Ok(())
 }
 
+/// Installs the metrics recorder and serves the status page, the progress
+/// reports and the metrics on `addr`.
+async fn serve_status(
+    about: sluice_status::About,
+    addr: std::net::SocketAddr,
+) -> Result<sluice_status::Status, Exit> {
+    let handle = prometheus()
+        .and_then(|builder| builder.install_recorder())
+        .context("installing the metrics recorder")
+        .map_err(Exit::runtime)?;
+    let status = sluice_status::Status::new(about, move || {
+        // Without the exporter's own listener nothing else drains the
+        // histograms' buffers: do it as they are read.
+        handle.run_upkeep();
+        handle.render()
+    });
+    let local = status
+        .serve(addr)
+        .await
+        .map_err(|e| Exit::runtime(e.into()))?;
+    tracing::info!(addr = %local, "serving the status page on http://{local}/ and metrics on /metrics");
+    Ok(status)
+}
+
+/// The recorder's settings: buckets for the one histogram that has them.
+fn prometheus()
+-> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError> {
+    metrics_exporter_prometheus::PrometheusBuilder::new().set_buckets_for_metric(
+        metrics_exporter_prometheus::Matcher::Full("sluice_batch_duration_seconds".to_owned()),
+        BATCH_DURATION_BUCKETS,
+    )
+}
+
+/// Batch durations from a sub-millisecond batch to a minute-long one, in seconds.
+const BATCH_DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+fn batch_counts(progress: &QueryProgress) -> sluice_status::BatchCounts {
+    let metric = |name: &str| {
+        progress
+            .sources
+            .iter()
+            .filter_map(|s| s.metrics.get(name).and_then(|v| v.parse::<u64>().ok()))
+            .sum()
+    };
+    sluice_status::BatchCounts {
+        rows: progress.num_input_rows,
+        lost_offsets: metric("dataLossOffsets"),
+        bad_records: metric("badRecords"),
+    }
+}
+
+fn describe_trigger(trigger: sluice_executor::Trigger) -> String {
+    match trigger {
+        sluice_executor::Trigger::ProcessingTime(every) => {
+            format!("processing_time = {}", humantime::format_duration(every))
+        }
+        sluice_executor::Trigger::AvailableNow => "available_now".to_owned(),
+        sluice_executor::Trigger::Once => "once".to_owned(),
+    }
+}
+
+fn describe_store(store: &config::StoreKind) -> String {
+    match store {
+        config::StoreKind::Directory(path) => path.display().to_string(),
+        config::StoreKind::Cassandra(location, _) => format!(
+            "cassandra://{}/{}?query={}",
+            location.nodes.join(","),
+            location.keyspace,
+            location.query
+        ),
+    }
+}
+
 fn record_metrics(progress: &QueryProgress) {
     metrics::counter!("sluice_batches_total").increment(1);
     metrics::counter!("sluice_input_rows_total").increment(progress.num_input_rows);
@@ -514,6 +611,11 @@ fn record_metrics(progress: &QueryProgress) {
     metrics::histogram!("sluice_wal_commit_ms").record(progress.duration_ms.wal_commit as f64);
     metrics::histogram!("sluice_commit_offsets_ms")
         .record(progress.duration_ms.commit_offsets as f64);
+    // Buckets (set where the recorder is installed), for Grafana's heatmaps and
+    // quantiles across runs; the _ms summaries above are Spark's phases.
+    metrics::histogram!("sluice_batch_duration_seconds")
+        .record(progress.duration_micros.trigger_execution as f64 / 1e6);
+    record_offsets_behind(progress);
     // One operator per stateful query, so its name is a label of bounded
     // cardinality.
     for operator in &progress.state_operators {
@@ -554,7 +656,76 @@ fn record_metrics(progress: &QueryProgress) {
         {
             metrics::counter!("sluice_data_loss_offsets_total").increment(lost);
         }
+        if let Some(bad) = source
+            .metrics
+            .get("badRecords")
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            metrics::counter!("sluice_bad_records_total").increment(bad);
+        }
     }
+}
+
+/// Partitions past which `sluice_offsets_behind_latest` is not labelled per
+/// partition, so that a pattern subscription over a growing set of topics
+/// cannot grow the series without bound; the per-topic gauge stays.
+const MAX_PARTITION_SERIES: usize = 1024;
+
+/// How far each partition and each topic is behind the latest offsets seen at
+/// the batch's start.
+fn record_offsets_behind(progress: &QueryProgress) {
+    for source in &progress.sources {
+        let behind = offsets_behind(&source.end_offset, &source.latest_offset);
+        let mut per_topic: std::collections::BTreeMap<&str, u64> = Default::default();
+        for (topic, _, n) in &behind {
+            *per_topic.entry(topic.as_str()).or_default() += n;
+        }
+        for (topic, n) in per_topic {
+            metrics::gauge!("sluice_topic_offsets_behind_latest", "topic" => topic.to_owned())
+                .set(n as f64);
+        }
+        if behind.len() <= MAX_PARTITION_SERIES {
+            for (topic, partition, n) in behind {
+                metrics::gauge!(
+                    "sluice_offsets_behind_latest",
+                    "topic" => topic,
+                    "partition" => partition
+                )
+                .set(n as f64);
+            }
+        }
+    }
+}
+
+/// (topic, partition, latest − end) for every partition in both of Spark's
+/// offset maps, `{"topic": {"0": 42}}`.
+fn offsets_behind(
+    end: &serde_json::Value,
+    latest: &serde_json::Value,
+) -> Vec<(String, String, u64)> {
+    let mut out = Vec::new();
+    let Some(latest) = latest.as_object() else {
+        return out;
+    };
+    for (topic, partitions) in latest {
+        let Some(partitions) = partitions.as_object() else {
+            continue;
+        };
+        for (partition, at) in partitions {
+            let committed = end
+                .get(topic)
+                .and_then(|p| p.get(partition))
+                .and_then(|o| o.as_i64());
+            if let (Some(at), Some(committed)) = (at.as_i64(), committed) {
+                out.push((
+                    topic.clone(),
+                    partition.clone(),
+                    at.saturating_sub(committed).max(0) as u64,
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The first SIGINT or SIGTERM asks the query to stop after the batch in flight;
@@ -658,7 +829,154 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
 
 #[cfg(test)]
 mod tests {
-    use super::{MI_OPTION_PURGE_DELAY, error_chain};
+    use super::{MI_OPTION_PURGE_DELAY, error_chain, offsets_behind};
+
+    /// A report with every part filled that a metric is recorded from.
+    fn full_progress() -> sluice_executor::QueryProgress {
+        use sluice_executor::{DurationMs, SinkProgress, SourceProgress, StateOperatorProgress};
+        let metrics = [
+            ("dataLossOffsets", "3"),
+            ("badRecords", "2"),
+            ("maxOffsetsBehindLatest", "5"),
+            ("avgOffsetsBehindLatest", "2.5"),
+        ];
+        sluice_executor::QueryProgress {
+            id: "q".to_owned(),
+            run_id: "r".to_owned(),
+            name: None,
+            timestamp: "2026-12-01T10:00:00.000Z".to_owned(),
+            batch_id: 7,
+            num_input_rows: 100,
+            input_rows_per_second: 50.0,
+            processed_rows_per_second: 1000.0,
+            duration_ms: DurationMs::default(),
+            duration_micros: DurationMs {
+                trigger_execution: 12_000,
+                ..DurationMs::default()
+            },
+            event_time: Some(
+                [(
+                    "watermark".to_owned(),
+                    "2026-12-01T09:59:00.000Z".to_owned(),
+                )]
+                .into(),
+            ),
+            state_operators: vec![StateOperatorProgress {
+                operator_name: "stateStoreSave".to_owned(),
+                num_rows_total: 10,
+                num_rows_updated: 4,
+                num_rows_removed: 1,
+                num_rows_dropped_by_watermark: 2,
+                memory_used_bytes: 4096,
+                commit_time_ms: 1,
+                num_state_store_instances: 1,
+                custom_metrics: Default::default(),
+            }],
+            sources: vec![SourceProgress {
+                description: "KafkaV2[Subscribe[t]]".to_owned(),
+                start_offset: serde_json::json!({"t": {"0": 0, "1": 0}}),
+                end_offset: serde_json::json!({"t": {"0": 50, "1": 50}}),
+                latest_offset: serde_json::json!({"t": {"0": 55, "1": 50}}),
+                num_input_rows: 100,
+                input_rows_per_second: 50.0,
+                processed_rows_per_second: 1000.0,
+                metrics: metrics
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            }],
+            sink: SinkProgress {
+                description: "jsonl".to_owned(),
+                num_output_rows: 100,
+            },
+        }
+    }
+
+    /// Every panel of the dashboard is well formed, and every metric its
+    /// queries name is one that Sluice records, as the recorder renders it.
+    #[test]
+    fn the_grafana_dashboard_loads_and_charts_only_metrics_sluice_exports() {
+        let text = include_str!("../../../docs/grafana/sluice.json");
+        let dashboard: serde_json::Value = serde_json::from_str(text).expect("valid JSON");
+        assert!(dashboard["uid"].is_string() && dashboard["title"].is_string());
+        assert!(dashboard["schemaVersion"].as_u64().is_some_and(|v| v >= 36));
+        let variables: Vec<&str> = dashboard["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(variables, ["datasource", "instance"]);
+
+        let recorder = super::prometheus().unwrap().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || super::record_metrics(&full_progress()));
+        let rendered = handle.render();
+        let series: Vec<&str> = rendered
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+
+        let panels = dashboard["panels"].as_array().unwrap();
+        assert!(panels.len() >= 8);
+        let mut ids = std::collections::BTreeSet::new();
+        for panel in panels {
+            let title = panel["title"].as_str().unwrap();
+            assert!(
+                ids.insert(panel["id"].as_u64().unwrap()),
+                "{title}: id repeated"
+            );
+            assert!(
+                ["timeseries", "heatmap"].contains(&panel["type"].as_str().unwrap()),
+                "{title}"
+            );
+            let grid = &panel["gridPos"];
+            let (x, w, h) = (grid["x"].as_u64(), grid["w"].as_u64(), grid["h"].as_u64());
+            assert!(
+                matches!((x, w, h), (Some(x), Some(w), Some(h)) if w > 0 && h > 0 && x + w <= 24),
+                "{title}: {grid}"
+            );
+            assert_eq!(panel["datasource"]["uid"], "${datasource}", "{title}");
+            let targets = panel["targets"].as_array().unwrap();
+            assert!(!targets.is_empty(), "{title}");
+            for target in targets {
+                assert!(target["refId"].is_string(), "{title}");
+                let expr = target["expr"].as_str().unwrap();
+                let named: Vec<&str> = expr
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .filter(|word| word.starts_with("sluice_"))
+                    .collect();
+                assert!(!named.is_empty(), "{title}: {expr} names no metric of ours");
+                for metric in named {
+                    assert!(
+                        series.contains(&metric),
+                        "{title}: {metric} is not among the metrics Sluice exports:\n{rendered}"
+                    );
+                }
+            }
+        }
+        // Per partition, with their labels, and the histogram with buckets.
+        assert!(rendered.contains(r#"sluice_offsets_behind_latest{topic="t",partition="0"} 5"#));
+        assert!(rendered.contains(r#"sluice_topic_offsets_behind_latest{topic="t"} 5"#));
+        assert!(rendered.contains(r#"sluice_batch_duration_seconds_bucket{le="0.025"} 1"#));
+    }
+
+    #[test]
+    fn offsets_behind_pairs_each_partition_of_both_maps() {
+        let end = serde_json::json!({"a": {"0": 10, "1": 5}, "b": {"0": 7}});
+        let latest = serde_json::json!({"a": {"0": 12, "1": 5, "2": 9}, "b": {"0": 6}});
+        let mut behind = offsets_behind(&end, &latest);
+        behind.sort();
+        let named = |t: &str, p: &str, n| (t.to_owned(), p.to_owned(), n);
+        // a-2 is in no plan yet, and b-0's latest is older than its end (a
+        // truncated topic, say): neither is negative nor invented.
+        assert_eq!(
+            behind,
+            vec![named("a", "0", 2), named("a", "1", 0), named("b", "0", 0)]
+        );
+        assert!(offsets_behind(&serde_json::Value::Null, &latest).is_empty());
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("cannot reach Kafka at h:1: fetching metadata failed: {source}")]

@@ -1,0 +1,264 @@
+//! The status page in a real headless Chromium, while a query runs.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_tests::kafka::{create_topic, delete_topic, numbered, produce, producer};
+use sluice_tests::process::{Running, stderr};
+
+use crate::runner::Job;
+
+/// Debian's package, which `.ci/run` installs.
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// One GET over a fresh connection: the status code and the body.
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (code, body.to_owned())
+}
+
+fn get_json(addr: &str, path: &str) -> Value {
+    let (code, body) = get(addr, path);
+    assert_eq!(code, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Runs headless Chromium on `url` with `what` (`--dump-dom`, or
+/// `--screenshot=<file>`), letting the page's scripts run for 5 s of virtual
+/// time; returns what it printed.
+fn chromium(url: &str, what: &str, profile: &Path) -> String {
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: install Debian's chromium package (.ci/run does)"
+    );
+    // coreutils' timeout: a Chromium that hangs fails the test instead of
+    // holding the run.
+    let output = Command::new("timeout")
+        .args(["120", CHROMIUM])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1280,1500",
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(what)
+        .arg(url)
+        .output()
+        .expect("running chromium");
+    assert!(
+        output.status.success(),
+        "chromium {what} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The text of the element with `id`, in the DOM Chromium dumped.
+fn text_of(dom: &str, id: &str) -> String {
+    let open = format!("id=\"{id}\">");
+    let from = dom
+        .find(&open)
+        .unwrap_or_else(|| panic!("no #{id} in the page"));
+    let rest = &dom[from + open.len()..];
+    rest[..rest.find('<').unwrap()].to_owned()
+}
+
+/// The attribute `name` of the element with `id`.
+fn attribute_of(dom: &str, id: &str, name: &str) -> String {
+    let from = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page"));
+    let tag = &dom[dom[..from].rfind('<').unwrap()..from + dom[from..].find('>').unwrap()];
+    let key = format!("{name}=\"");
+    let at = tag
+        .find(&key)
+        .unwrap_or_else(|| panic!("#{id} has no {name}: {tag}"));
+    let value = &tag[at + key.len()..];
+    value[..value.find('"').unwrap()].to_owned()
+}
+
+/// Thousands separated by commas, as the page shows them.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn artifacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn the_status_page_renders_the_running_query_and_agrees_with_the_progress_api() {
+    let topic = sluice_tests::unique_name("status");
+    create_topic(&topic, 2).await;
+    let p = producer();
+    for partition in 0..2 {
+        produce(
+            &p,
+            &topic,
+            &numbered(partition, &format!("p{partition}"), 300),
+        )
+        .await;
+    }
+
+    let job = Job::new(&topic);
+    let config = job.config_with(
+        "max_offsets_per_trigger = 100",
+        "processing_time = \"200ms\"",
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    // [progress] is the file's last table.
+    let text = std::fs::read_to_string(&config).unwrap() + &format!("metrics_addr = \"{addr}\"\n");
+    std::fs::write(&config, text).unwrap();
+    let runner = Running::spawn(&["run", "--config", config.to_str().unwrap()]);
+
+    // Six batches of 100 read the 600 records; then the query idles, and what
+    // the page shows stays still.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let about = std::net::TcpStream::connect(&addr)
+            .ok()
+            .map(|_| get_json(&addr, "/api/about"));
+        if about.as_ref().is_some_and(|a| a["rows"] == 600) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the query did not read 600 rows: {about:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let reports = get_json(&addr, "/api/progress?last=120");
+    let about = get_json(&addr, "/api/about");
+
+    let profile = tempfile::tempdir().unwrap();
+    let url = format!("http://{addr}/");
+    let dom = tokio::task::spawn_blocking({
+        let (url, profile) = (url.clone(), profile.path().to_owned());
+        move || chromium(&url, "--dump-dom", &profile)
+    })
+    .await
+    .unwrap();
+    let screenshot = artifacts().join("status-page.png");
+    let _ = std::fs::remove_file(&screenshot);
+    tokio::task::spawn_blocking({
+        let (shot, profile) = (screenshot.clone(), profile.path().to_owned());
+        move || chromium(&url, &format!("--screenshot={}", shot.display()), &profile)
+    })
+    .await
+    .unwrap();
+    // Nothing moved while Chromium looked.
+    assert_eq!(get_json(&addr, "/api/progress?last=120"), reports);
+
+    let reports = reports.as_array().unwrap();
+    let last = reports.last().unwrap();
+    assert!(reports.len() >= 6, "{reports:?}");
+    assert!(
+        dom.contains(&format!("data-last-batch=\"{}\"", last["batchId"])),
+        "the page shows the last batch"
+    );
+    assert_eq!(text_of(&dom, "last-batch"), last["batchId"].to_string());
+    assert_eq!(
+        text_of(&dom, "last-rows"),
+        grouped(last["numInputRows"].as_u64().unwrap())
+    );
+    assert_eq!(text_of(&dom, "query-id"), about["id"].as_str().unwrap());
+    assert_eq!(text_of(&dom, "run-id"), about["runId"].as_str().unwrap());
+    assert_eq!(text_of(&dom, "name"), "runner-test");
+    assert_eq!(text_of(&dom, "total-rows"), "600");
+    assert_eq!(
+        text_of(&dom, "total-batches"),
+        grouped(reports.len() as u64)
+    );
+    assert_eq!(text_of(&dom, "charted"), reports.len().to_string());
+    assert_eq!(text_of(&dom, "trigger"), "processing_time = 200ms");
+
+    // Every chart drew every report, on a canvas of uPlot's.
+    for chart in [
+        "chart-rates",
+        "chart-duration",
+        "chart-rows",
+        "chart-behind",
+    ] {
+        assert_eq!(
+            attribute_of(&dom, chart, "data-points"),
+            reports.len().to_string(),
+            "{chart}"
+        );
+        let from = dom.find(&format!("id=\"{chart}\"")).unwrap();
+        let inside = &dom[from..from
+            + dom[from..]
+                .find("class=\"chart\"")
+                .unwrap_or(dom.len() - from)];
+        assert!(inside.contains("<canvas"), "{chart} has no canvas");
+    }
+
+    // The partition table: each partition's committed offset is the last
+    // batch's end, 300, with nothing behind.
+    for partition in 0..2 {
+        let row = format!("data-partition=\"{topic}-{partition}\"");
+        let at = dom
+            .find(&row)
+            .unwrap_or_else(|| panic!("no row for partition {partition}"));
+        let tag = &dom[at..at + dom[at..].find('>').unwrap()];
+        let end = &last["sources"][0]["endOffset"][&topic][partition.to_string()];
+        assert_eq!(end, 300);
+        assert!(tag.contains(&format!("data-committed=\"{end}\"")), "{tag}");
+        assert!(tag.contains("data-latest=\"300\""), "{tag}");
+    }
+    let png = std::fs::read(&screenshot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 20_000,
+        "a screenshot of the page"
+    );
+
+    runner.signal("-TERM");
+    let output = tokio::task::spawn_blocking(move || runner.wait())
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(&format!("serving the status page on http://{addr}/")),
+        "{}",
+        stderr(&output)
+    );
+    delete_topic(&topic).await;
+}
