@@ -201,8 +201,8 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
         .status();
     let _ = producer.wait();
     println!(
-        "progress: target/demo/progress.jsonl, bad records: target/demo/dead-letters/, metrics \
-         were on http://127.0.0.1:9464/metrics; `cargo xtask down` stops Kafka and Cassandra"
+        "progress: target/demo/progress.jsonl, bad records: target/demo/dead-letters/, the status \
+         page and metrics were on http://127.0.0.1:9464/; `cargo xtask down` stops Kafka and Cassandra"
     );
     if !status.success() {
         bail!("sluice run failed ({status})");
