@@ -766,25 +766,21 @@ async fn import_starts_a_query_from_an_existing_offsets_table() {
     produce_range(&topic, 2, 0, 100).await;
 
     // The table a team kept its offsets in: the next offset to read per partition.
-    let keyspace = sluice_tests::unique_name("legacy");
-    let session = sluice_tests::cassandra_session(&sluice_tests::cassandra_nodes()).await;
-    for cql in [
+    let rows = [0, 1].map(|partition| {
+        let offset = [40, 70][partition];
         format!(
-            "CREATE KEYSPACE {keyspace} WITH replication = {}",
-            sluice_tests::TEST_REPLICATION
-        ),
-        format!(
-            "CREATE TABLE {keyspace}.kafka_offsets (topic text, partition int, offset bigint, PRIMARY KEY (topic, partition))"
-        ),
-        format!(
-            "INSERT INTO {keyspace}.kafka_offsets (topic, partition, offset) VALUES ('{topic}', 0, 40)"
-        ),
-        format!(
-            "INSERT INTO {keyspace}.kafka_offsets (topic, partition, offset) VALUES ('{topic}', 1, 70)"
-        ),
-    ] {
-        session.query_unpaged(cql, ()).await.unwrap();
-    }
+            "INSERT INTO {{keyspace}}.kafka_offsets (topic, partition, offset) VALUES ('{topic}', {partition}, {offset})"
+        )
+    });
+    let (session, keyspace) = sluice_tests::keyspace_with(
+        "legacy",
+        &[
+            "CREATE TABLE {keyspace}.kafka_offsets (topic text, partition int, offset bigint, PRIMARY KEY (topic, partition))",
+            &rows[0],
+            &rows[1],
+        ],
+    )
+    .await;
 
     let job = Job::new(&topic);
     let imported = run(&[
@@ -984,20 +980,11 @@ fn with_cassandra_sink(config: &Path, out: &Path, keyspace: &str) {
 async fn outage_of_cassandra_sigkilled_under_the_cassandra_sink_leaves_every_row_once() {
     let topic = sluice_tests::unique_name("sinkkill");
     create_topic(&topic, 2).await;
-    let keyspace = sluice_tests::unique_name("sinkkill");
-    let session = sluice_tests::cassandra_session(&sluice_tests::cassandra_nodes()).await;
-    for cql in [
-        format!(
-            "CREATE KEYSPACE {keyspace} WITH replication = {}",
-            sluice_tests::TEST_REPLICATION
-        ),
-        format!(
-            "CREATE TABLE {keyspace}.records (part int, off bigint, raw blob, \
-             PRIMARY KEY (part, off))"
-        ),
-    ] {
-        session.query_unpaged(cql, ()).await.unwrap();
-    }
+    let (session, keyspace) = sluice_tests::keyspace_with(
+        "sinkkill",
+        &["CREATE TABLE {keyspace}.records (part int, off bigint, raw blob, PRIMARY KEY (part, off))"],
+    )
+    .await;
     drop(session);
 
     let job = Job::new(&topic);
@@ -1060,20 +1047,14 @@ async fn the_cassandra_sink_upserts_mapped_columns_exactly_once_in_effect() {
         .collect();
     produce(&producer(), &topic, &records).await;
 
-    let keyspace = sluice_tests::unique_name("shop");
-    let session = sluice_tests::cassandra_session(&sluice_tests::cassandra_nodes()).await;
-    for cql in [
-        format!(
-            "CREATE KEYSPACE {keyspace} WITH replication = {}",
-            sluice_tests::TEST_REPLICATION
-        ),
-        format!(
+    let (session, keyspace) = sluice_tests::keyspace_with(
+        "shop",
+        &[
             "CREATE TABLE {keyspace}.orders (order_id int PRIMARY KEY, customer text, source text, \
-             part int, off bigint, ts timestamp, raw blob)"
-        ),
-    ] {
-        session.query_unpaged(cql, ()).await.unwrap();
-    }
+           part int, off bigint, ts timestamp, raw blob)",
+        ],
+    )
+    .await;
     let job = Job::new(&topic);
     let config = job.config("");
     let text = std::fs::read_to_string(&config).unwrap();

@@ -533,19 +533,11 @@ async fn the_cassandra_sink_maps_a_querys_columns_by_name() {
         .map(|n| Out::new((n % 2) as i32, "k", order(n)))
         .collect();
     produce(&producer(), &topic, &records).await;
-    let keyspace = sluice_tests::unique_name("sqlshop");
-    let session = sluice_tests::cassandra_session(&sluice_tests::cassandra_nodes()).await;
-    for cql in [
-        format!(
-            "CREATE KEYSPACE {keyspace} WITH replication = {}",
-            sluice_tests::TEST_REPLICATION
-        ),
-        format!(
-            "CREATE TABLE {keyspace}.orders (order_id bigint PRIMARY KEY, customer text, amount bigint, seen timestamp)"
-        ),
-    ] {
-        session.query_unpaged(cql, ()).await.unwrap();
-    }
+    let (session, keyspace) = sluice_tests::keyspace_with(
+        "sqlshop",
+        &["CREATE TABLE {keyspace}.orders (order_id bigint PRIMARY KEY, customer text, amount bigint, seen timestamp)"],
+    )
+    .await;
     let job = Job::new();
     let rest = format!(
         "[sink]\ntype = \"cassandra\"\nnodes = \"{}\"\nkeyspace = \"{keyspace}\"\ntable = \"orders\"\n\

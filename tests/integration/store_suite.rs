@@ -405,21 +405,15 @@ async fn cassandra_mirrors_the_latest_committed_offsets_in_plain_columns() {
 
 #[tokio::test]
 async fn a_state_table_of_the_layout_before_partitions_is_named_with_what_to_do() {
-    let keyspace = sluice_tests::unique_name("old_state").replace('-', "_");
-    let session = sluice_tests::cassandra_session(&sluice_tests::cassandra_nodes()).await;
-    for cql in [
-        format!(
-            "CREATE KEYSPACE {keyspace} WITH replication = {}",
-            sluice_tests::TEST_REPLICATION
-        ),
-        format!(
+    let (session, keyspace) = sluice_tests::keyspace_with(
+        "old_state",
+        &[
             "CREATE TABLE {keyspace}.sluice_state (query text, operator int, version bigint, \
-             kind text, chunk int, bytes blob, epoch bigint, \
-             PRIMARY KEY ((query, operator), version, kind, chunk))"
-        ),
-    ] {
-        session.query_unpaged(cql, ()).await.unwrap();
-    }
+           kind text, chunk int, bytes blob, epoch bigint, \
+           PRIMARY KEY ((query, operator), version, kind, chunk))",
+        ],
+    )
+    .await;
     let location = CassandraLocation {
         nodes: sluice_tests::cassandra_nodes(),
         keyspace: keyspace.clone(),

@@ -47,6 +47,29 @@ pub fn cassandra_nodes() -> Vec<String> {
 /// The replication of the keyspaces tests create: the one dev node.
 pub const TEST_REPLICATION: &str = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
 
+/// A new keyspace named after `prefix`, made by `statements` run in order
+/// after it is created, each with `{keyspace}` standing for its name (`CREATE
+/// TABLE {keyspace}.orders (...)`); the session and the keyspace's name.
+pub async fn keyspace_with(
+    prefix: &str,
+    statements: &[&str],
+) -> (scylla::client::session::Session, String) {
+    let keyspace = unique_name(prefix);
+    let session = cassandra_session(&cassandra_nodes()).await;
+    let create = format!("CREATE KEYSPACE {keyspace} WITH replication = {TEST_REPLICATION}");
+    for cql in std::iter::once(create).chain(
+        statements
+            .iter()
+            .map(|statement| statement.replace("{keyspace}", &keyspace)),
+    ) {
+        session
+            .query_unpaged(cql.as_str(), ())
+            .await
+            .unwrap_or_else(|e| panic!("{cql}: {e}"));
+    }
+    (session, keyspace)
+}
+
 /// A `cassandra://` checkpoint location for a new query in `keyspace`.
 pub fn cassandra_location(keyspace: &str) -> String {
     format!(
