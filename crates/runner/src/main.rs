@@ -228,6 +228,7 @@ where
         settings,
         query_id,
         source,
+        store_description: shown,
     };
     let Some(processor) = processor else {
         return parts.records(store).await;
@@ -279,6 +280,8 @@ struct Parts {
     settings: Settings,
     query_id: String,
     source: KafkaSource,
+    /// The store as the start line and the status page name it.
+    store_description: String,
 }
 
 impl Parts {
@@ -393,17 +396,7 @@ impl Parts {
             inner: sink,
             at: failpoint::from_env().map_err(Exit::config)?,
         };
-        run_query(
-            self.settings,
-            self.query_id,
-            self.source,
-            store,
-            processor,
-            sink,
-            dead,
-            sink_description,
-        )
-        .await
+        run_query(self, store, processor, sink, dead, sink_description).await
     }
 }
 
@@ -415,11 +408,8 @@ fn console_format(json: bool) -> ConsoleFormat {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run_query<St, P, K, D>(
-    settings: Settings,
-    query_id: String,
-    source: KafkaSource,
+    parts: Parts,
     store: St,
     processor: P,
     sink: K,
@@ -434,6 +424,12 @@ where
     K: Sink<P::Output>,
     D: Sink,
 {
+    let Parts {
+        settings,
+        query_id,
+        source,
+        store_description,
+    } = parts;
     let options = QueryOptions {
         name: settings.name.clone(),
         trigger: settings.trigger,
@@ -468,7 +464,7 @@ where
         run_id: String::new(),
         trigger: describe_trigger(settings.trigger),
         source: settings.source_description.clone(),
-        store: describe_store(&settings.checkpoint),
+        store: store_description,
         sink: sink_description.clone(),
     };
 
@@ -509,8 +505,10 @@ where
         {
             tracing::warn!(error = %e, "writing the progress file failed");
         }
-        record_metrics(progress);
+        // Without the status server no recorder is installed, and the
+        // metrics would be built only to be dropped.
         if let (Some(status), Some(json)) = (&status, json) {
+            record_metrics(progress);
             status.record(json, batch_counts(progress));
         }
     };
@@ -586,18 +584,6 @@ fn describe_trigger(trigger: sluice_executor::Trigger) -> String {
         }
         sluice_executor::Trigger::AvailableNow => "available_now".to_owned(),
         sluice_executor::Trigger::Once => "once".to_owned(),
-    }
-}
-
-fn describe_store(store: &config::StoreKind) -> String {
-    match store {
-        config::StoreKind::Directory(path) => path.display().to_string(),
-        config::StoreKind::Cassandra(location, _) => format!(
-            "cassandra://{}/{}?query={}",
-            location.nodes.join(","),
-            location.keyspace,
-            location.query
-        ),
     }
 }
 
