@@ -33,6 +33,6 @@ pub use error::{ExecutorError, Retried};
 pub use progress::{
     DurationMs, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
 };
-pub use query::{IDLE_POLL, Query, QueryError, QueryOptions, RunSummary};
+pub use query::{DEFAULT_POLLING_DELAY, Query, QueryError, QueryOptions, RunSummary};
 pub use retry::{GaveUp, RetryPolicy};
 pub use trigger::Trigger;

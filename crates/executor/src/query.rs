@@ -68,9 +68,44 @@ macro_rules! retrying {
     }};
 }
 
-/// How long a query with `ProcessingTime(0)` waits before it looks for new data
-/// again when there was none.
-pub const IDLE_POLL: Duration = Duration::from_millis(100);
+/// The longest a query with `ProcessingTime(0)` waits before it looks for new
+/// data again when there was none, unless `QueryOptions::polling_delay` says
+/// otherwise.
+pub const DEFAULT_POLLING_DELAY: Duration = Duration::from_millis(100);
+
+/// The first wait of an idle `ProcessingTime(0)` query: short, so that a record
+/// arriving just after a look is picked up within a millisecond or two.
+const FIRST_IDLE_WAIT: Duration = Duration::from_millis(1);
+
+/// The waits of an idle `ProcessingTime(0)` query: from `FIRST_IDLE_WAIT`,
+/// doubling up to the polling delay, and back to the first after a batch. A fixed
+/// long wait would add up to that wait to the latency of the first record after a
+/// pause; a fixed short one would ask the brokers for their offsets a thousand
+/// times a second on a quiet topic.
+#[derive(Clone, Debug)]
+struct IdleBackoff {
+    next: Duration,
+    longest: Duration,
+}
+
+impl IdleBackoff {
+    fn new(longest: Duration) -> Self {
+        IdleBackoff {
+            next: FIRST_IDLE_WAIT.min(longest),
+            longest,
+        }
+    }
+
+    fn next_wait(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = wait.saturating_mul(2).min(self.longest);
+        wait
+    }
+
+    fn reset(&mut self) {
+        self.next = FIRST_IDLE_WAIT.min(self.longest);
+    }
+}
 
 /// What a query does, apart from where it reads, stores and writes.
 #[derive(Clone, Debug)]
@@ -79,6 +114,9 @@ pub struct QueryOptions {
     pub name: Option<String>,
     /// When batches run.
     pub trigger: Trigger,
+    /// The longest wait between looks for new data of an idle
+    /// `ProcessingTime(0)` query; the waits start at a millisecond and double.
+    pub polling_delay: Duration,
     /// Where a fresh query starts.
     pub starting: StartingOffsets,
     /// The most offsets one batch reads, over all partitions.
@@ -104,6 +142,7 @@ impl Default for QueryOptions {
         QueryOptions {
             name: None,
             trigger: Trigger::default(),
+            polling_delay: DEFAULT_POLLING_DELAY,
             starting: StartingOffsets::default(),
             max_offsets_per_trigger: None,
             min_offsets_per_trigger: None,
@@ -361,6 +400,7 @@ where
         let mut available_now_target: Option<PartitionOffsets> = None;
         let mut available_now_partitions: Option<BTreeMap<TopicPartition, OffsetBounds>> = None;
         let mut last_batch_at = Instant::now();
+        let mut idle = IdleBackoff::new(self.options.polling_delay);
         loop {
             if *self.stop.borrow() {
                 break;
@@ -462,8 +502,14 @@ where
                 if available == 0 && self.options.trigger.stops_when_caught_up() {
                     break;
                 }
-                if wait_for_next_trigger(self.options.trigger, trigger_start, true, &mut self.stop)
-                    .await
+                let idle = idle.next_wait();
+                if wait_for_next_trigger(
+                    self.options.trigger,
+                    trigger_start,
+                    Some(idle),
+                    &mut self.stop,
+                )
+                .await
                 {
                     break;
                 }
@@ -496,13 +542,14 @@ where
             };
             self.execute(planned, summary, on_progress).await?;
             last_batch_at = Instant::now();
+            idle.reset();
             start = Some(end);
             next_batch = next_batch.next();
 
             if self.options.trigger == Trigger::Once {
                 break;
             }
-            if wait_for_next_trigger(self.options.trigger, trigger_start, false, &mut self.stop)
+            if wait_for_next_trigger(self.options.trigger, trigger_start, None, &mut self.stop)
                 .await
             {
                 break;
@@ -1166,21 +1213,19 @@ where
     }
 }
 
-/// Waits for the next trigger. Returns true when the query should stop.
+/// Waits for the next trigger; `idle` is how long a `ProcessingTime(0)` query
+/// that found nothing to do waits. Returns true when the query should stop.
 async fn wait_for_next_trigger(
     trigger: Trigger,
     trigger_start: Instant,
-    idle: bool,
+    idle: Option<Duration>,
     stop: &mut watch::Receiver<bool>,
 ) -> bool {
     let wait = match trigger {
-        Trigger::ProcessingTime(interval) if interval.is_zero() => {
-            if idle {
-                IDLE_POLL
-            } else {
-                return *stop.borrow();
-            }
-        }
+        Trigger::ProcessingTime(interval) if interval.is_zero() => match idle {
+            Some(wait) => wait,
+            None => return *stop.borrow(),
+        },
         Trigger::ProcessingTime(interval) => interval.saturating_sub(trigger_start.elapsed()),
         // Catching up runs batches back to back.
         Trigger::AvailableNow | Trigger::Once => return *stop.borrow(),
@@ -1215,4 +1260,34 @@ fn epoch_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_waits_double_from_a_millisecond_to_the_polling_delay() {
+        let mut idle = IdleBackoff::new(Duration::from_millis(10));
+        let waits: Vec<u128> = (0..6).map(|_| idle.next_wait().as_millis()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 10, 10]);
+    }
+
+    #[test]
+    fn a_batch_makes_the_next_idle_wait_short_again() {
+        let mut idle = IdleBackoff::new(DEFAULT_POLLING_DELAY);
+        for _ in 0..20 {
+            idle.next_wait();
+        }
+        assert_eq!(idle.next_wait(), DEFAULT_POLLING_DELAY);
+        idle.reset();
+        assert_eq!(idle.next_wait(), FIRST_IDLE_WAIT);
+    }
+
+    #[test]
+    fn a_polling_delay_below_the_first_wait_is_the_only_wait() {
+        let mut idle = IdleBackoff::new(Duration::from_micros(300));
+        assert_eq!(idle.next_wait(), Duration::from_micros(300));
+        assert_eq!(idle.next_wait(), Duration::from_micros(300));
+    }
 }

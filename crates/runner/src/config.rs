@@ -242,6 +242,9 @@ pub struct TriggerSection {
     pub available_now: bool,
     #[serde(default)]
     pub once: bool,
+    /// The longest wait between looks for new data of an idle
+    /// `processing_time = "0s"` query.
+    pub polling_delay: Option<String>,
 }
 
 /// `[sink]`.
@@ -368,6 +371,7 @@ pub struct Settings {
     pub kafka: KafkaSourceConfig,
     pub starting: StartingOptions,
     pub trigger: Trigger,
+    pub polling_delay: Duration,
     pub max_offsets_per_trigger: Option<NonZeroU64>,
     pub min_offsets_per_trigger: Option<MinOffsetsPerTrigger>,
     pub checkpoint: StoreKind,
@@ -628,6 +632,7 @@ fn settings(config: Config) -> Result<Settings> {
         }
     };
 
+    let polling_delay_text = config.trigger.polling_delay.clone();
     let trigger = match (
         config.trigger.processing_time,
         config.trigger.available_now,
@@ -640,6 +645,28 @@ fn settings(config: Config) -> Result<Settings> {
         (None, true, false) => Trigger::AvailableNow,
         (None, false, true) => Trigger::Once,
         _ => bail!("[trigger] takes one of processing_time, available_now = true or once = true"),
+    };
+    let polling_delay = match polling_delay_text {
+        None => sluice_executor::DEFAULT_POLLING_DELAY,
+        Some(_) if trigger != Trigger::ProcessingTime(Duration::ZERO) => bail!(
+            "trigger.polling_delay is how long an idle processing_time = \"0s\" query waits \
+             between looks for new data, and this query's trigger is {}: remove it",
+            match trigger {
+                Trigger::ProcessingTime(_) => "a processing_time interval",
+                Trigger::AvailableNow => "available_now = true",
+                Trigger::Once => "once = true",
+            }
+        ),
+        Some(text) => {
+            let delay = parse_duration("trigger.polling_delay", &text)?;
+            if delay < Duration::from_millis(1) {
+                bail!(
+                    "trigger.polling_delay = {text:?} is below 1 ms: an idle query would ask the \
+                     brokers for their offsets without pause"
+                );
+            }
+            delay
+        }
     };
     if trigger == Trigger::Once && max_offsets_per_trigger.is_some() {
         bail!(
@@ -1041,6 +1068,7 @@ fn settings(config: Config) -> Result<Settings> {
         kafka,
         starting,
         trigger,
+        polling_delay,
         max_offsets_per_trigger,
         min_offsets_per_trigger,
         checkpoint,
@@ -1485,6 +1513,42 @@ mod tests {
             assert!(err.contains(trigger), "{err}");
         }
         assert!(with("min_offsets_per_trigger = 100", "processing_time = \"1s\"").is_ok());
+    }
+
+    #[test]
+    fn a_polling_delay_is_for_processing_time_zero_and_at_least_a_millisecond() {
+        let with = |t: &str| {
+            parse(&format!("{MINIMAL}\n[trigger]\n{t}"))
+                .map(|s| s.polling_delay)
+                .map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(
+            parse(MINIMAL).unwrap().polling_delay,
+            sluice_executor::DEFAULT_POLLING_DELAY
+        );
+        assert_eq!(
+            with("polling_delay = \"20ms\"").unwrap(),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            with("processing_time = \"0s\"\npolling_delay = \"1s\"").unwrap(),
+            Duration::from_secs(1)
+        );
+        for (trigger, named) in [
+            ("processing_time = \"10s\"", "a processing_time interval"),
+            ("available_now = true", "available_now = true"),
+            ("once = true", "once = true"),
+        ] {
+            let err = with(&format!("{trigger}\npolling_delay = \"5ms\"")).unwrap_err();
+            assert!(err.contains(named) && err.contains("remove it"), "{err}");
+        }
+        let err = with("polling_delay = \"500us\"").unwrap_err();
+        assert!(err.contains("below 1 ms"), "{err}");
+        let err = with("polling_delay = \"often\"").unwrap_err();
+        assert!(
+            err.contains("trigger.polling_delay") && err.contains("not a duration"),
+            "{err}"
+        );
     }
 
     #[test]

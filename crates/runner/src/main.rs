@@ -433,6 +433,7 @@ where
     let options = QueryOptions {
         name: settings.name.clone(),
         trigger: settings.trigger,
+        polling_delay: settings.polling_delay,
         starting: settings.starting.resolve(),
         max_offsets_per_trigger: settings.max_offsets_per_trigger,
         min_offsets_per_trigger: settings.min_offsets_per_trigger,
