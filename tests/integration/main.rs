@@ -3,6 +3,7 @@
 //! uniquely named topics and keyspaces, so tests run in parallel and can be rerun.
 
 mod cassandra_smoke;
+mod continuous;
 mod exactly_once;
 mod kafka_smoke;
 mod kafka_source;

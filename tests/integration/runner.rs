@@ -43,7 +43,7 @@ impl Job {
         self.dir.path().join("out")
     }
 
-    fn checkpoint(&self) -> PathBuf {
+    pub(crate) fn checkpoint(&self) -> PathBuf {
         self.dir.path().join("checkpoint")
     }
 
@@ -429,16 +429,16 @@ pub(crate) fn keep_producing(
     })
 }
 
-/// Kills `sluice run` with SIGKILL at 12 random moments while a producer writes,
-/// restarts it each time, and checks the output after a final catch-up run.
-async fn crash_repeatedly(job: Job) {
+/// Kills `sluice run` with `trigger` at 12 random moments while a producer
+/// writes, restarts it each time, and checks the output after a final catch-up run.
+pub(crate) async fn crash_repeatedly(job: Job, trigger: &str) {
     let topic = job.topic.clone();
     create_topic(&topic, 4).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer_task = keep_producing(topic.clone(), 4, stop.clone());
 
     let mut random = Lcg::from_clock("crash test");
-    let streaming = job.config_with("", "processing_time = \"0s\"");
+    let streaming = job.config_with("", trigger);
     sluice_tests::process::kill_at_random_moments(&streaming, 12, (150, 700), &mut random).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let produced = producer_task.await.unwrap() as i64;
@@ -455,12 +455,20 @@ async fn crash_repeatedly(job: Job) {
 
 #[tokio::test]
 async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
-    crash_repeatedly(Job::new(&sluice_tests::unique_name("crash"))).await;
+    crash_repeatedly(
+        Job::new(&sluice_tests::unique_name("crash")),
+        "processing_time = \"0s\"",
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn sigkill_at_random_moments_with_the_cassandra_store() {
-    crash_repeatedly(Job::with_cassandra(&sluice_tests::unique_name("crashc"))).await;
+    crash_repeatedly(
+        Job::with_cassandra(&sluice_tests::unique_name("crashc")),
+        "processing_time = \"0s\"",
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -108,6 +108,16 @@ where
     /// turns it into a normal end, so its callers never see it.
     ///
     /// [`Query::run`]: crate::Query::run
+    /// The continuous trigger with a processor that keeps state.
+    #[error(
+        "the continuous trigger runs stateless queries only, and this one keeps state in \
+         {operators} operator(s), which is committed with each batch's watermark: use \
+         processing_time = \"0s\", which runs batches back to back"
+    )]
+    ContinuousWithState {
+        /// The processor's stateful operators.
+        operators: u32,
+    },
     #[error("stopped while retrying {what}")]
     Stopped {
         /// What was being retried.

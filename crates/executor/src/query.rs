@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_offsets::{
     BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss,
-    DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetStore,
+    DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetRange, OffsetStore,
     PartitionOffsets, PassThrough, Processed, Processor, RecordChunk, Recovery, Sink, Source,
     StartingOffsets, StateFileId, StateFileKind, StateGap, TopicPartition, apply_data_loss_policy,
     classify_batch, purge_threshold, rate_limit, should_run_batch, snapshot_due, state_files_for,
@@ -67,6 +67,9 @@ macro_rules! retrying {
         }
     }};
 }
+
+// After the macro, which it uses.
+mod continuous;
 
 /// The longest a query with `ProcessingTime(0)` waits before it looks for new
 /// data again when there was none, unless `QueryOptions::polling_delay` says
@@ -397,6 +400,12 @@ where
             }
         };
 
+        if let Trigger::Continuous(interval) = self.options.trigger {
+            return self
+                .run_epochs(interval, next_batch, start, summary, on_progress)
+                .await;
+        }
+
         let mut available_now_target: Option<PartitionOffsets> = None;
         let mut available_now_partitions: Option<BTreeMap<TopicPartition, OffsetBounds>> = None;
         let mut last_batch_at = Instant::now();
@@ -437,21 +446,7 @@ where
                     ExecutorError::Source
                 )?,
             };
-            let losses = classify_batch(&from, &partitions);
-            let losses =
-                match apply_data_loss_policy(&mut from, losses, self.options.fail_on_data_loss) {
-                    DataLossDecision::None => Vec::new(),
-                    DataLossDecision::Fail(losses) => return Err(ExecutorError::DataLoss(losses)),
-                    DataLossDecision::Skip(losses) => {
-                        for loss in &losses {
-                            tracing::warn!(
-                                lost_offsets = loss.lost_offsets(),
-                                "{loss}; skipping ahead because fail_on_data_loss is false"
-                            );
-                        }
-                        losses
-                    }
-                };
+            let losses = data_loss(&mut from, &partitions, self.options.fail_on_data_loss)?;
             // New partitions start at their first offset (0 unless that was lost,
             // which the classification above has already handled).
             for (tp, marks) in &partitions {
@@ -615,93 +610,108 @@ where
             };
             planned.durations.add_batch =
                 micros(t.elapsed()).saturating_sub(planned.durations.get_batch);
-            let rows = streamed.rows;
-            planned.losses.extend(streamed.losses);
-
-            let t = Instant::now();
-            let mut state = self.write_state(batch).await?;
-            self.processor
-                .commit_state(batch)
+            self.commit_batch(planned, streamed, summary, on_progress)
                 .await
-                .map_err(ExecutorError::Process)?;
-            let commit = BatchCommit {
-                id: batch,
-                next_watermark_ms: self.processor.watermark_ms(),
-            };
-            retrying!(
-                self,
-                Part::Store,
-                "writing the commit",
-                self.store.write_commit(&commit),
-                Store::is_transient,
-                ExecutorError::Store
-            )?;
-            if self.processor.state_operators() > 0 && snapshot_due(batch) {
-                self.write_snapshots(batch, &mut state).await;
-            }
-            let end = planned.plan.end_offsets();
-            if let Err(e) = self.source.commit_progress(&end).await {
-                // Only lag monitors read the group's offsets; the store holds the truth.
-                tracing::warn!(error = %e, "committing progress to the consumer group failed");
-            }
-            if let Some(keep_from) = purge_threshold(batch, self.options.min_batches_to_retain) {
-                retrying!(
-                    self,
-                    Part::Store,
-                    "purging old batches",
-                    self.store.purge(keep_from),
-                    Store::is_transient,
-                    ExecutorError::Store
-                )?;
-                self.purge_state(keep_from).await?;
-            }
-            planned.durations.commit_offsets = micros(t.elapsed());
-            planned.durations.trigger_execution = micros(planned.trigger_start.elapsed());
-
-            let mut progress = self.progress(
-                &planned,
-                rows,
-                &end,
-                &(streamed.output_rows, streamed.bad_records),
-            );
-            progress.state_operators = self
-                .processor
-                .state_progress()
-                .into_iter()
-                .map(|s| StateOperatorProgress {
-                    operator_name: s.name,
-                    num_rows_total: s.rows_total,
-                    num_rows_updated: s.rows_updated,
-                    num_rows_removed: s.rows_removed,
-                    num_rows_dropped_by_watermark: s.rows_dropped_by_watermark,
-                    memory_used_bytes: s.memory_used_bytes,
-                    commit_time_ms: state.micros / 1000,
-                    num_state_store_instances: 1,
-                    custom_metrics: BTreeMap::from([
-                        ("stateFileBytes".to_owned(), state.bytes),
-                        ("commitTimeMicros".to_owned(), state.micros),
-                        ("encodeTimeMicros".to_owned(), state.encode_micros),
-                        ("snapshotTimeMicros".to_owned(), state.snapshot_micros),
-                        ("snapshotFileBytes".to_owned(), state.snapshot_bytes),
-                    ]),
-                })
-                .collect();
-            // The caller logs the report in the form its logs take.
-            on_progress(&progress);
-            summary.batches += 1;
-            summary.records += rows;
-            summary.bad_records += streamed.bad_records;
-            summary.lost_offsets += planned
-                .losses
-                .iter()
-                .map(DataLoss::lost_offsets)
-                .sum::<u64>();
-            summary.last_committed = Some(batch);
-            self.in_batch = false;
-            Ok(())
         }
         .instrument(span)
         .await
+    }
+
+    /// Ends a batch whose output the sink has: writes its state and its commit,
+    /// commits progress to the consumer group, purges old batches and reports
+    /// progress.
+    async fn commit_batch(
+        &mut self,
+        mut planned: Planned,
+        streamed: Streamed,
+        summary: &mut RunSummary,
+        on_progress: &mut (impl FnMut(&QueryProgress) + Send),
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        let batch = planned.plan.id();
+        let rows = streamed.rows;
+        planned.losses.extend(streamed.losses);
+
+        let t = Instant::now();
+        let mut state = self.write_state(batch).await?;
+        self.processor
+            .commit_state(batch)
+            .await
+            .map_err(ExecutorError::Process)?;
+        let commit = BatchCommit {
+            id: batch,
+            next_watermark_ms: self.processor.watermark_ms(),
+        };
+        retrying!(
+            self,
+            Part::Store,
+            "writing the commit",
+            self.store.write_commit(&commit),
+            Store::is_transient,
+            ExecutorError::Store
+        )?;
+        if self.processor.state_operators() > 0 && snapshot_due(batch) {
+            self.write_snapshots(batch, &mut state).await;
+        }
+        let end = planned.plan.end_offsets();
+        if let Err(e) = self.source.commit_progress(&end).await {
+            // Only lag monitors read the group's offsets; the store holds the truth.
+            tracing::warn!(error = %e, "committing progress to the consumer group failed");
+        }
+        if let Some(keep_from) = purge_threshold(batch, self.options.min_batches_to_retain) {
+            retrying!(
+                self,
+                Part::Store,
+                "purging old batches",
+                self.store.purge(keep_from),
+                Store::is_transient,
+                ExecutorError::Store
+            )?;
+            self.purge_state(keep_from).await?;
+        }
+        planned.durations.commit_offsets = micros(t.elapsed());
+        planned.durations.trigger_execution = micros(planned.trigger_start.elapsed());
+
+        let mut progress = self.progress(
+            &planned,
+            rows,
+            &end,
+            &(streamed.output_rows, streamed.bad_records),
+        );
+        progress.state_operators = self
+            .processor
+            .state_progress()
+            .into_iter()
+            .map(|s| StateOperatorProgress {
+                operator_name: s.name,
+                num_rows_total: s.rows_total,
+                num_rows_updated: s.rows_updated,
+                num_rows_removed: s.rows_removed,
+                num_rows_dropped_by_watermark: s.rows_dropped_by_watermark,
+                memory_used_bytes: s.memory_used_bytes,
+                commit_time_ms: state.micros / 1000,
+                num_state_store_instances: 1,
+                custom_metrics: BTreeMap::from([
+                    ("stateFileBytes".to_owned(), state.bytes),
+                    ("commitTimeMicros".to_owned(), state.micros),
+                    ("encodeTimeMicros".to_owned(), state.encode_micros),
+                    ("snapshotTimeMicros".to_owned(), state.snapshot_micros),
+                    ("snapshotFileBytes".to_owned(), state.snapshot_bytes),
+                ]),
+            })
+            .collect();
+        // The caller logs the report in the form its logs take.
+        on_progress(&progress);
+        summary.batches += 1;
+        summary.records += rows;
+        summary.bad_records += streamed.bad_records;
+        summary.lost_offsets += planned
+            .losses
+            .iter()
+            .map(DataLoss::lost_offsets)
+            .sum::<u64>();
+        summary.last_committed = Some(batch);
+        self.in_batch = false;
+        Ok(())
     }
 
     /// Rebuilds each stateful operator's state at `version` from the store: in
@@ -1213,6 +1223,37 @@ where
     }
 }
 
+/// Classifies what `from` lost against the partitions' bounds and applies
+/// the policy: stop with the losses, or skip ahead past them (moving `from`)
+/// and return them for the progress report.
+fn data_loss<S, T, P, K, D>(
+    from: &mut PartitionOffsets,
+    partitions: &BTreeMap<TopicPartition, OffsetBounds>,
+    fail_on_data_loss: bool,
+) -> Result<Vec<DataLoss>, ExecutorError<S, T, P, K, D>>
+where
+    S: std::error::Error + 'static,
+    T: std::error::Error + 'static,
+    P: std::error::Error + 'static,
+    K: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
+    let losses = classify_batch(from, partitions);
+    match apply_data_loss_policy(from, losses, fail_on_data_loss) {
+        DataLossDecision::None => Ok(Vec::new()),
+        DataLossDecision::Fail(losses) => Err(ExecutorError::DataLoss(losses)),
+        DataLossDecision::Skip(losses) => {
+            for loss in &losses {
+                tracing::warn!(
+                    lost_offsets = loss.lost_offsets(),
+                    "{loss}; skipping ahead because fail_on_data_loss is false"
+                );
+            }
+            Ok(losses)
+        }
+    }
+}
+
 /// Waits for the next trigger; `idle` is how long a `ProcessingTime(0)` query
 /// that found nothing to do waits. Returns true when the query should stop.
 async fn wait_for_next_trigger(
@@ -1222,6 +1263,11 @@ async fn wait_for_next_trigger(
     stop: &mut watch::Receiver<bool>,
 ) -> bool {
     let wait = match trigger {
+        // An epoch waits for records as a zero interval does.
+        Trigger::Continuous(_) => match idle {
+            Some(wait) => wait,
+            None => return *stop.borrow(),
+        },
         Trigger::ProcessingTime(interval) if interval.is_zero() => match idle {
             Some(wait) => wait,
             None => return *stop.borrow(),

@@ -1,4 +1,4 @@
-//! When batches run, with Spark's three micro-batch triggers.
+//! When batches run: Spark's three micro-batch triggers and its continuous one.
 
 use std::time::Duration;
 
@@ -12,6 +12,12 @@ pub enum Trigger {
     AvailableNow,
     /// One batch with everything available, then stop.
     Once,
+    /// Spark's continuous processing: records go to the sink as they arrive, and
+    /// every `interval` (an epoch) what was read is planned and committed as one
+    /// batch. An epoch's records reach the sink before its plan is durable, so
+    /// a crash replays them: at least once, unless the sink publishes a batch
+    /// only when it finishes (a `jsonl` file).
+    Continuous(Duration),
 }
 
 impl Default for Trigger {
@@ -23,6 +29,6 @@ impl Default for Trigger {
 impl Trigger {
     /// Whether the query stops once it has caught up.
     pub fn stops_when_caught_up(self) -> bool {
-        !matches!(self, Trigger::ProcessingTime(_))
+        !matches!(self, Trigger::ProcessingTime(_) | Trigger::Continuous(_))
     }
 }

@@ -330,6 +330,8 @@ struct MemSink {
     fail_on: Option<BatchId>,
     /// How many of the next begins fail as an unavailable sink does.
     transient_failures: Arc<Mutex<u32>>,
+    /// Values handed to `write`, in every batch and attempt.
+    written: Arc<Mutex<u64>>,
 }
 
 impl MemSink {
@@ -380,6 +382,7 @@ impl Sink for MemSink {
                 .iter()
                 .map(|r| String::from_utf8(r.value().unwrap().to_vec()).unwrap()),
         );
+        *self.written.lock().unwrap() += records.len() as u64;
         Ok(())
     }
 
@@ -1609,4 +1612,161 @@ async fn a_fenced_sink_stops_the_runner_once_the_store_no_longer_names_it() {
         "no second take-over"
     );
     assert!(!store.commits.lock().unwrap().contains_key(&BatchId(1)));
+}
+
+#[tokio::test]
+async fn continuous_hands_records_to_the_sink_before_their_epoch_is_planned() {
+    let source = MemSource::with(&[(0, 5), (1, 3)]);
+    let store = MemStore::default();
+    let sink = MemSink::default();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // An epoch far longer than the test's waits: records must arrive while
+    // it is still open.
+    let epoch = std::time::Duration::from_secs(30);
+    let mut query = Query::new(
+        options(Trigger::Continuous(epoch), None),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        sink.clone(),
+    );
+    let feeder = {
+        let (source, sink, store) = (source.clone(), sink.clone(), store.clone());
+        tokio::spawn(async move {
+            while *sink.written.lock().unwrap() < 8 {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            let planned_early = store.plans.lock().unwrap().len();
+            source.append(0, 4);
+            source.append(1, 2);
+            while *sink.written.lock().unwrap() < 14 {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            let planned_later = store.plans.lock().unwrap().len();
+            stop_tx.send(true).unwrap();
+            (planned_early, planned_later)
+        })
+    };
+    let summary = query.run(stop_rx, |_| {}).await.unwrap();
+    let (planned_early, planned_later) = feeder.await.unwrap();
+    assert_eq!(
+        (planned_early, planned_later),
+        (0, 0),
+        "records reach the sink while their epoch is open"
+    );
+    // The stop closes the epoch: one batch, planned and committed, with all of it.
+    assert_eq!((summary.batches, summary.records), (1, 14));
+    let plans = store.plans.lock().unwrap();
+    let plan = plans.get(&BatchId(0)).expect("the epoch's plan");
+    assert_eq!(plan.end_offsets().get(&tp(0)), Some(&off(9)));
+    assert_eq!(plan.end_offsets().get(&tp(1)), Some(&off(5)));
+    assert!(store.commits.lock().unwrap().contains_key(&BatchId(0)));
+    let mut values = sink.values();
+    values.sort();
+    assert_eq!(values, all_values(&[(0, 9), (1, 5)]));
+}
+
+#[tokio::test]
+async fn continuous_commits_an_epoch_per_interval_and_none_without_records() {
+    let source = MemSource::with(&[(0, 6)]);
+    let store = MemStore::default();
+    let sink = MemSink::default();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut query = Query::new(
+        options(
+            Trigger::Continuous(std::time::Duration::from_millis(40)),
+            None,
+        ),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        sink.clone(),
+    );
+    let feeder = {
+        let (source, store) = (source.clone(), store.clone());
+        tokio::spawn(async move {
+            while store.commits.lock().unwrap().is_empty() {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            // Idle epochs plan nothing.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let idle_commits = store.commits.lock().unwrap().len();
+            source.append(0, 4);
+            while store.commits.lock().unwrap().len() < 2 {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            stop_tx.send(true).unwrap();
+            idle_commits
+        })
+    };
+    let summary = query.run(stop_rx, |_| {}).await.unwrap();
+    assert_eq!(
+        feeder.await.unwrap(),
+        1,
+        "an epoch without records is no batch"
+    );
+    assert_eq!((summary.batches, summary.records), (2, 10));
+    assert_eq!(sink.values(), all_values(&[(0, 10)]));
+    let plans = store.plans.lock().unwrap();
+    assert_eq!(
+        plans[&BatchId(1)].start_offsets().get(&tp(0)),
+        Some(&off(6))
+    );
+}
+
+#[tokio::test]
+async fn a_read_failing_in_an_epoch_starts_the_epoch_over_and_keeps_each_record_once() {
+    let source = MemSource::with(&[(0, 10), (1, 7)]);
+    source
+        .read_failures
+        .lock()
+        .unwrap()
+        .extend([TRANSIENT, TRANSIENT]);
+    let mut opts = options(
+        Trigger::Continuous(std::time::Duration::from_millis(30)),
+        None,
+    );
+    opts.retry = fast_retries(5);
+    let store = MemStore::default();
+    let sink = MemSink::default();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut query = Query::new(opts, "q".into(), source, store.clone(), sink.clone());
+    let stopper = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            while store.commits.lock().unwrap().is_empty() {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            stop_tx.send(true).unwrap();
+        })
+    };
+    let summary = query.run(stop_rx, |_| {}).await.unwrap();
+    stopper.await.unwrap();
+    assert_eq!(summary.records, 17);
+    assert!(
+        *sink.begins.lock().unwrap() >= 3,
+        "begun again after each failure"
+    );
+    let mut values = sink.values();
+    values.sort();
+    assert_eq!(values, all_values(&[(0, 10), (1, 7)]));
+}
+
+#[tokio::test]
+async fn continuous_refuses_a_stateful_processor() {
+    let mut query = Query::with_processor(
+        options(Trigger::Continuous(std::time::Duration::from_secs(1)), None),
+        "q".into(),
+        MemSource::with(&[(0, 3)]),
+        MemStore::default(),
+        CountingProcessor::default(),
+        MemSink::default(),
+        MemSink::default(),
+    );
+    let err = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert!(
+        matches!(err, ExecutorError::ContinuousWithState { operators: 1 }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("processing_time"), "{err}");
 }

@@ -233,7 +233,7 @@ pub enum StoreKind {
     ),
 }
 
-/// `[trigger]`: exactly one of the three.
+/// `[trigger]`: exactly one of the four.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TriggerSection {
@@ -242,6 +242,8 @@ pub struct TriggerSection {
     pub available_now: bool,
     #[serde(default)]
     pub once: bool,
+    /// Continuous processing, with an epoch of this interval.
+    pub continuous: Option<String>,
     /// The longest wait between looks for new data of an idle
     /// `processing_time = "0s"` query.
     pub polling_delay: Option<String>,
@@ -637,26 +639,49 @@ fn settings(config: Config) -> Result<Settings> {
         config.trigger.processing_time,
         config.trigger.available_now,
         config.trigger.once,
+        config.trigger.continuous,
     ) {
-        (None, false, false) => Trigger::ProcessingTime(Duration::ZERO),
-        (Some(interval), false, false) => {
+        (None, false, false, None) => Trigger::ProcessingTime(Duration::ZERO),
+        (Some(interval), false, false, None) => {
             Trigger::ProcessingTime(parse_duration("trigger.processing_time", &interval)?)
         }
-        (None, true, false) => Trigger::AvailableNow,
-        (None, false, true) => Trigger::Once,
-        _ => bail!("[trigger] takes one of processing_time, available_now = true or once = true"),
+        (None, true, false, None) => Trigger::AvailableNow,
+        (None, false, true, None) => Trigger::Once,
+        (None, false, false, Some(epoch)) => {
+            let interval = parse_duration("trigger.continuous", &epoch)?;
+            if interval < Duration::from_millis(10) {
+                bail!(
+                    "trigger.continuous = {epoch:?} is below 10 ms: each epoch writes a plan and \
+                     a commit, and records reach the sink as they arrive whatever the epoch, \
+                     so a longer one costs no latency; \"1s\" is usual"
+                );
+            }
+            Trigger::Continuous(interval)
+        }
+        _ => bail!(
+            "[trigger] takes one of processing_time, available_now = true, once = true or \
+             continuous"
+        ),
     };
     let polling_delay = match polling_delay_text {
         None => sluice_executor::DEFAULT_POLLING_DELAY,
-        Some(_) if trigger != Trigger::ProcessingTime(Duration::ZERO) => bail!(
-            "trigger.polling_delay is how long an idle processing_time = \"0s\" query waits \
-             between looks for new data, and this query's trigger is {}: remove it",
-            match trigger {
-                Trigger::ProcessingTime(_) => "a processing_time interval",
-                Trigger::AvailableNow => "available_now = true",
-                Trigger::Once => "once = true",
-            }
-        ),
+        Some(_)
+            if !matches!(
+                trigger,
+                Trigger::ProcessingTime(Duration::ZERO) | Trigger::Continuous(_)
+            ) =>
+        {
+            bail!(
+                "trigger.polling_delay is how long an idle processing_time = \"0s\" or \
+                 continuous query waits between looks for new data, and this query's trigger \
+                 is {}: remove it",
+                match trigger {
+                    Trigger::AvailableNow => "available_now = true",
+                    Trigger::Once => "once = true",
+                    _ => "a processing_time interval",
+                }
+            )
+        }
         Some(text) => {
             let delay = parse_duration("trigger.polling_delay", &text)?;
             if delay < Duration::from_millis(1) {
@@ -672,6 +697,13 @@ fn settings(config: Config) -> Result<Settings> {
         bail!(
             "max_offsets_per_trigger limits each batch, and trigger once = true reads everything \
              in one batch: use available_now = true, which reads the same in batches of that size"
+        );
+    }
+    if matches!(trigger, Trigger::Continuous(_)) && source.min_offsets_per_trigger.is_some() {
+        bail!(
+            "min_offsets_per_trigger makes a batch wait for new offsets, and the continuous \
+             trigger hands every record to the sink as it arrives: remove it, or use \
+             processing_time"
         );
     }
     if matches!(trigger, Trigger::Once | Trigger::AvailableNow)
@@ -961,6 +993,17 @@ fn settings(config: Config) -> Result<Settings> {
                 .sink
                 .bootstrap_servers
                 .unwrap_or_else(|| kafka.bootstrap_servers.clone());
+            if delivery == sluice_kafka_source::Delivery::ExactlyOnce
+                && matches!(trigger, Trigger::Continuous(_))
+            {
+                bail!(
+                    "sink.delivery = \"exactly_once\" with trigger.continuous: an epoch's \
+                     transaction would hold every record back until the epoch ends, and the \
+                     continuous trigger is at least once (docs/delivery.md); use \
+                     delivery = \"at_least_once\", or processing_time = \"0s\", which is \
+                     exactly once within milliseconds"
+                );
+            }
             if delivery == sluice_kafka_source::Delivery::ExactlyOnce
                 && bootstrap_servers != kafka.bootstrap_servers
             {
@@ -1549,6 +1592,67 @@ mod tests {
             err.contains("trigger.polling_delay") && err.contains("not a duration"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_continuous_trigger_takes_an_epoch_and_refuses_what_it_cannot_keep() {
+        let with = |source: &str, trigger: &str, sink: &str| {
+            let text = MINIMAL
+                .replace(
+                    "subscribe = [\"events\"]",
+                    &format!("subscribe = [\"events\"]\n{source}"),
+                )
+                .replace(
+                    "type = \"console\"",
+                    &format!("{sink}\n[trigger]\n{trigger}"),
+                );
+            parse(&text).map_err(|e| format!("{e:#}"))
+        };
+        let console = "type = \"console\"";
+        let settings = with("", "continuous = \"1s\"", console).unwrap();
+        assert_eq!(
+            settings.trigger,
+            Trigger::Continuous(Duration::from_secs(1))
+        );
+        let settings = with(
+            "max_offsets_per_trigger = 1000",
+            "continuous = \"500ms\"\npolling_delay = \"10ms\"",
+            console,
+        )
+        .unwrap();
+        assert_eq!(settings.polling_delay, Duration::from_millis(10));
+        let err = with("", "continuous = \"1ms\"", console).unwrap_err();
+        assert!(err.contains("below 10 ms"), "{err}");
+        let err = with("", "continuous = \"often\"", console).unwrap_err();
+        assert!(
+            err.contains("trigger.continuous") && err.contains("not a duration"),
+            "{err}"
+        );
+        let err = with("", "continuous = \"1s\"\nonce = true", console).unwrap_err();
+        assert!(
+            err.contains("one of") && err.contains("continuous"),
+            "{err}"
+        );
+        let err = with(
+            "min_offsets_per_trigger = 10",
+            "continuous = \"1s\"",
+            console,
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("min_offsets_per_trigger") && err.contains("remove it"),
+            "{err}"
+        );
+        let kafka = |delivery: &str| {
+            format!("type = \"kafka\"\ntopic = \"out\"\ndelivery = \"{delivery}\"")
+        };
+        let err = with("", "continuous = \"1s\"", &kafka("exactly_once")).unwrap_err();
+        assert!(
+            err.contains("exactly_once") && err.contains("at_least_once") && err.contains("0s"),
+            "{err}"
+        );
+        assert!(with("", "continuous = \"1s\"", &kafka("at_least_once")).is_ok());
+        assert!(with("", "processing_time = \"0s\"", &kafka("exactly_once")).is_ok());
     }
 
     #[test]

@@ -88,7 +88,8 @@ impl Exit {
                 code: 4,
                 error: e.into(),
             },
-            e @ ExecutorError::StatePartitions { .. } => Exit::config(e.into()),
+            e @ (ExecutorError::StatePartitions { .. }
+            | ExecutorError::ContinuousWithState { .. }) => Exit::config(e.into()),
             e @ ExecutorError::BadRecord { .. } => Exit {
                 code: 5,
                 error: e.into(),

@@ -585,6 +585,9 @@ fn describe_trigger(trigger: sluice_executor::Trigger) -> String {
         }
         sluice_executor::Trigger::AvailableNow => "available_now".to_owned(),
         sluice_executor::Trigger::Once => "once".to_owned(),
+        sluice_executor::Trigger::Continuous(epoch) => {
+            format!("continuous = {}", humantime::format_duration(epoch))
+        }
     }
 }
 

@@ -1,0 +1,389 @@
+//! The continuous trigger ([`Trigger::Continuous`]): an epoch reads records as
+//! they arrive and hands them to the sink at once, and when its interval is
+//! over it plans and commits what it read as one batch.
+//!
+//! The plan is written after the records reached the sink, the reverse of a
+//! micro-batch: that is what lets a record through within a millisecond or two
+//! of its arrival without a durable write for every look at the source. A
+//! crash before the plan is durable leaves records in the sink that no plan
+//! covers, and the restart reads them again from the last commit; a crash
+//! after it replays the batch with its recorded ranges, as a micro-batch's
+//! recovery does. So every sink is at least once, and one that publishes a
+//! batch only when it finishes it (a `jsonl` file, renamed into place) stays
+//! exactly once, with the epoch as its latency.
+
+use super::*;
+
+/// An epoch's output before its plan is written.
+struct EpochRead {
+    from: PartitionOffsets,
+    end: PartitionOffsets,
+    latest: PartitionOffsets,
+    metadata: BatchMetadata,
+    losses: Vec<DataLoss>,
+    streamed: Streamed,
+    durations: DurationMs,
+}
+
+enum Epoch {
+    /// Nothing arrived: no batch, and the next epoch starts here.
+    Empty(PartitionOffsets),
+    Read(Box<EpochRead>),
+}
+
+impl<Src, Store, Snk, Proc, Dead> Query<Src, Store, Snk, Proc, Dead>
+where
+    Src: Source,
+    Store: OffsetStore,
+    Proc: Processor,
+    Snk: Sink<Proc::Output>,
+    Dead: Sink,
+{
+    /// Runs epochs of `interval` from batch `next`, which starts at `start`
+    /// (or where a fresh query starts), until asked to stop.
+    pub(super) async fn run_epochs(
+        &mut self,
+        interval: Duration,
+        mut next: BatchId,
+        mut start: Option<PartitionOffsets>,
+        summary: &mut RunSummary,
+        on_progress: &mut (impl FnMut(&QueryProgress) + Send),
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        let operators = self.processor.state_operators();
+        if operators > 0 {
+            return Err(ExecutorError::ContinuousWithState { operators });
+        }
+        let mut idle = IdleBackoff::new(self.options.polling_delay);
+        while !*self.stop.borrow() {
+            let trigger_start = Instant::now();
+            let timestamp = SystemTime::now();
+            let span = tracing::info_span!("batch", id = next.0, epoch = true);
+            let epoch = self
+                .read_epoch(next, start.take(), trigger_start + interval, &mut idle)
+                .instrument(span.clone())
+                .await?;
+            match epoch {
+                Epoch::Empty(from) => start = Some(from),
+                Epoch::Read(read) => {
+                    let end = read.end.clone();
+                    self.commit_epoch(next, *read, trigger_start, timestamp, summary, on_progress)
+                        .instrument(span)
+                        .await?;
+                    start = Some(end);
+                    next = next.next();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one epoch into the sink. A read or a sink that fails transiently
+    /// starts the epoch over: the sink begins the batch again, dropping what it
+    /// had not published, and the records are read again from the epoch's start.
+    async fn read_epoch(
+        &mut self,
+        batch: BatchId,
+        start: Option<PartitionOffsets>,
+        deadline: Instant,
+        idle: &mut IdleBackoff,
+    ) -> Result<Epoch, QueryError<Src, Store, Proc, Snk, Dead>> {
+        let mut tries = Tries::new(
+            self.options.retry,
+            "reading the epoch",
+            self.reached.get(Part::Source),
+            true,
+        );
+        loop {
+            match self
+                .read_epoch_once(batch, start.clone(), deadline, idle)
+                .await
+            {
+                Ok(epoch) => {
+                    if matches!(epoch, Epoch::Read(_)) {
+                        self.reached.mark(Part::Sink);
+                    }
+                    return Ok(epoch);
+                }
+                Err(ExecutorError::Source(e)) if Src::is_transient(&e) => {
+                    let next = tries.after_failure(&mut self.stop, true, &e).await;
+                    settle(next, &tries, ExecutorError::Source(e))?;
+                }
+                Err(ExecutorError::Sink(e)) if Snk::is_transient(&e) => {
+                    let next = tries.after_failure(&mut self.stop, true, &e).await;
+                    settle(next, &tries, ExecutorError::Sink(e))?;
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    async fn read_epoch_once(
+        &mut self,
+        batch: BatchId,
+        start: Option<PartitionOffsets>,
+        deadline: Instant,
+        idle: &mut IdleBackoff,
+    ) -> Result<Epoch, QueryError<Src, Store, Proc, Snk, Dead>> {
+        let epoch_start = Instant::now();
+        let mut durations = DurationMs::default();
+        let mut partitions = retrying!(
+            self,
+            Part::Source,
+            "discovering partitions and latest offsets",
+            self.source.partitions(),
+            Src::is_transient,
+            ExecutorError::Source
+        )?;
+        let mut from = match start {
+            Some(from) => from,
+            None => retrying!(
+                self,
+                Part::Source,
+                "resolving starting offsets",
+                self.source
+                    .starting_offsets(&self.options.starting, &partitions),
+                Src::is_transient,
+                ExecutorError::Source
+            )?,
+        };
+        let mut losses = data_loss(&mut from, &partitions, self.options.fail_on_data_loss)?;
+        for (tp, marks) in &partitions {
+            from.entry(tp.clone()).or_insert(marks.low);
+        }
+        durations.latest_offset = micros(epoch_start.elapsed());
+        let metadata = BatchMetadata {
+            watermark_ms: self.processor.watermark_ms(),
+            timestamp_ms: epoch_ms(SystemTime::now()),
+            conf: Default::default(),
+        };
+        let dead_letters = self.options.on_bad_record == BadRecordPolicy::DeadLetter;
+        let mut position = from.clone();
+        let mut streamed = Streamed::default();
+        let mut processed = Processed::default();
+        let mut begun = false;
+        let streaming = Instant::now();
+        let latest = loop {
+            let latest: PartitionOffsets = partitions
+                .iter()
+                .map(|(tp, marks)| (tp.clone(), marks.high))
+                .collect();
+            let end = rate_limit(&position, &latest, self.options.max_offsets_per_trigger);
+            let ranges: Vec<OffsetRange> = position
+                .iter()
+                .filter_map(|(tp, from)| {
+                    let until = *end.get(tp)?;
+                    (until > *from).then(|| OffsetRange {
+                        topic_partition: tp.clone(),
+                        from: *from,
+                        until,
+                    })
+                })
+                .collect();
+            if !ranges.is_empty() {
+                if !begun {
+                    // Its end is decided when the epoch closes, so the batch
+                    // begins without ranges.
+                    self.in_batch = true;
+                    self.processor
+                        .begin_batch(batch, &metadata)
+                        .await
+                        .map_err(ExecutorError::Process)?;
+                    self.sink
+                        .begin_batch(batch, &[])
+                        .await
+                        .map_err(ExecutorError::Sink)?;
+                    if dead_letters {
+                        self.dead_letters
+                            .begin_batch(batch, &[])
+                            .await
+                            .map_err(ExecutorError::DeadLetters)?;
+                    }
+                    begun = true;
+                }
+                let t = Instant::now();
+                let mut reader = retrying!(
+                    self,
+                    Part::Source,
+                    "reading the epoch",
+                    self.source.read(&ranges),
+                    Src::is_transient,
+                    ExecutorError::Source
+                )?;
+                durations.get_batch += micros(t.elapsed());
+                while let Some(chunk) = reader.next_chunk().await.map_err(ExecutorError::Source)? {
+                    streamed.rows += chunk.len() as u64;
+                    processed.clear();
+                    self.processor
+                        .process(chunk, &mut processed)
+                        .await
+                        .map_err(ExecutorError::Process)?;
+                    self.deliver(&processed, &mut streamed, true).await?;
+                }
+                for loss in reader.data_loss() {
+                    tracing::warn!(
+                        lost_offsets = loss.lost_offsets(),
+                        "{loss}; skipped while reading because fail_on_data_loss is false"
+                    );
+                    losses.push(loss.clone());
+                }
+                position.extend(end);
+                idle.reset();
+            }
+            if Instant::now() >= deadline || *self.stop.borrow() {
+                break latest;
+            }
+            if ranges.is_empty() {
+                let wait = idle
+                    .next_wait()
+                    .min(deadline.saturating_duration_since(Instant::now()));
+                if wait_for_next_trigger(
+                    self.options.trigger,
+                    Instant::now(),
+                    Some(wait),
+                    &mut self.stop,
+                )
+                .await
+                    || Instant::now() >= deadline
+                {
+                    break latest;
+                }
+            }
+            let t = Instant::now();
+            partitions = retrying!(
+                self,
+                Part::Source,
+                "discovering partitions and latest offsets",
+                self.source.partitions(),
+                Src::is_transient,
+                ExecutorError::Source
+            )?;
+            durations.latest_offset += micros(t.elapsed());
+            // A partition added during the epoch is read from its first offset.
+            for (tp, marks) in &partitions {
+                if !position.contains_key(tp) {
+                    from.insert(tp.clone(), marks.low);
+                    position.insert(tp.clone(), marks.low);
+                }
+            }
+            losses.extend(data_loss(
+                &mut position,
+                &partitions,
+                self.options.fail_on_data_loss,
+            )?);
+        };
+        if !begun {
+            return Ok(Epoch::Empty(from));
+        }
+        durations.add_batch = micros(streaming.elapsed()).saturating_sub(durations.get_batch);
+        Ok(Epoch::Read(Box::new(EpochRead {
+            from,
+            end: position,
+            latest,
+            metadata,
+            losses,
+            streamed,
+            durations,
+        })))
+    }
+
+    /// Writes the epoch's plan, has the sink finish the batch and commits it.
+    /// A sink that fails transiently at its finish gets the batch again from
+    /// its plan, as a replay after a crash would.
+    async fn commit_epoch(
+        &mut self,
+        batch: BatchId,
+        read: EpochRead,
+        trigger_start: Instant,
+        timestamp: SystemTime,
+        summary: &mut RunSummary,
+        on_progress: &mut (impl FnMut(&QueryProgress) + Send),
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        let EpochRead {
+            from,
+            end,
+            latest,
+            metadata,
+            losses,
+            mut streamed,
+            mut durations,
+        } = read;
+        let plan = BatchPlan::from_offsets(batch, &from, &end, metadata).map_err(|e| {
+            ExecutorError::Plan {
+                batch: batch.0,
+                reason: e.to_string(),
+            }
+        })?;
+        let t = Instant::now();
+        retrying!(
+            self,
+            Part::Store,
+            "writing the plan",
+            self.store.write_plan(&plan),
+            Store::is_transient,
+            ExecutorError::Store
+        )?;
+        durations.wal_commit = micros(t.elapsed());
+        match self
+            .finish_epoch(batch, &mut streamed, &mut durations)
+            .await
+        {
+            Ok(()) => {}
+            Err(ExecutorError::Sink(e)) if Snk::is_transient(&e) => {
+                tracing::warn!(
+                    batch = batch.0,
+                    error = %e,
+                    "the sink could not finish the epoch; writing the batch again from its plan"
+                );
+                let planned = Planned {
+                    plan,
+                    replay: true,
+                    latest,
+                    losses,
+                    durations: DurationMs::default(),
+                    trigger_start,
+                    timestamp,
+                };
+                return self.execute(planned, summary, on_progress).await;
+            }
+            Err(other) => return Err(other),
+        }
+        let planned = Planned {
+            plan,
+            replay: false,
+            latest,
+            losses,
+            durations,
+            trigger_start,
+            timestamp,
+        };
+        self.commit_batch(planned, streamed, summary, on_progress)
+            .await
+    }
+
+    async fn finish_epoch(
+        &mut self,
+        batch: BatchId,
+        streamed: &mut Streamed,
+        durations: &mut DurationMs,
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        let mut processed = Processed::default();
+        self.processor
+            .finish_batch(batch, &mut processed)
+            .await
+            .map_err(ExecutorError::Process)?;
+        self.deliver(&processed, streamed, true).await?;
+        let t = Instant::now();
+        self.sink
+            .finish_batch(batch)
+            .await
+            .map_err(ExecutorError::Sink)?;
+        durations.sink_commit = micros(t.elapsed());
+        if self.options.on_bad_record == BadRecordPolicy::DeadLetter {
+            self.dead_letters
+                .finish_batch(batch)
+                .await
+                .map_err(ExecutorError::DeadLetters)?;
+        }
+        Ok(())
+    }
+}
