@@ -972,7 +972,6 @@ where
         write: bool,
     ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
         let batch = plan.id();
-        let dead_letters = write && self.options.on_bad_record == BadRecordPolicy::DeadLetter;
         let mut processed = Processed::default();
         let mut tries = Tries::new(
             self.options.retry,
@@ -982,22 +981,8 @@ where
         );
         loop {
             let t = Instant::now();
-            self.processor
-                .begin_batch(batch, plan.metadata())
-                .await
-                .map_err(ExecutorError::Process)?;
-            if write {
-                self.sink
-                    .begin_batch(batch, plan.ranges())
-                    .await
-                    .map_err(ExecutorError::Sink)?;
-            }
-            if dead_letters {
-                self.dead_letters
-                    .begin_batch(batch, plan.ranges())
-                    .await
-                    .map_err(ExecutorError::DeadLetters)?;
-            }
+            self.begin_everywhere(batch, plan.metadata(), plan.ranges(), write)
+                .await?;
             let mut reader = retrying!(
                 self,
                 Part::Source,
@@ -1019,13 +1004,8 @@ where
                 };
                 match next {
                     Ok(Some(chunk)) => {
-                        streamed.rows += chunk.len() as u64;
-                        processed.clear();
-                        self.processor
-                            .process(chunk, &mut processed)
-                            .await
-                            .map_err(ExecutorError::Process)?;
-                        self.deliver(&processed, &mut streamed, write).await?;
+                        self.process_chunk(chunk, &mut processed, &mut streamed, write)
+                            .await?;
                     }
                     Ok(None) => break None,
                     Err(e) => break Some(e),
@@ -1040,26 +1020,8 @@ where
                             "{loss}; skipped while reading because fail_on_data_loss is false"
                         );
                     }
-                    processed.clear();
-                    self.processor
-                        .finish_batch(batch, &mut processed)
-                        .await
-                        .map_err(ExecutorError::Process)?;
-                    self.deliver(&processed, &mut streamed, write).await?;
-                    if write {
-                        let t = Instant::now();
-                        self.sink
-                            .finish_batch(batch)
-                            .await
-                            .map_err(ExecutorError::Sink)?;
-                        durations.sink_commit = micros(t.elapsed());
-                    }
-                    if dead_letters {
-                        self.dead_letters
-                            .finish_batch(batch)
-                            .await
-                            .map_err(ExecutorError::DeadLetters)?;
-                    }
+                    self.finish_everywhere(batch, &mut streamed, durations, write)
+                        .await?;
                     return Ok(streamed);
                 }
                 Some(e) => {
@@ -1071,6 +1033,83 @@ where
                 }
             }
         }
+    }
+
+    /// Begins `batch` on the processor and, when it writes, on the sink and the
+    /// dead letters.
+    async fn begin_everywhere(
+        &mut self,
+        batch: BatchId,
+        metadata: &BatchMetadata,
+        ranges: &[OffsetRange],
+        write: bool,
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        self.processor
+            .begin_batch(batch, metadata)
+            .await
+            .map_err(ExecutorError::Process)?;
+        if write {
+            self.sink
+                .begin_batch(batch, ranges)
+                .await
+                .map_err(ExecutorError::Sink)?;
+            if self.options.on_bad_record == BadRecordPolicy::DeadLetter {
+                self.dead_letters
+                    .begin_batch(batch, ranges)
+                    .await
+                    .map_err(ExecutorError::DeadLetters)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts one chunk read through the processor and delivers what it made.
+    async fn process_chunk(
+        &mut self,
+        chunk: RecordChunk,
+        processed: &mut Processed<Proc::Output>,
+        streamed: &mut Streamed,
+        write: bool,
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        streamed.rows += chunk.len() as u64;
+        processed.clear();
+        self.processor
+            .process(chunk, processed)
+            .await
+            .map_err(ExecutorError::Process)?;
+        self.deliver(processed, streamed, write).await
+    }
+
+    /// Ends `batch` on the processor, delivering what its end emits, and, when
+    /// it writes, on the sink (timed as `sinkCommit`) and the dead letters.
+    async fn finish_everywhere(
+        &mut self,
+        batch: BatchId,
+        streamed: &mut Streamed,
+        durations: &mut DurationMs,
+        write: bool,
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        let mut processed = Processed::default();
+        self.processor
+            .finish_batch(batch, &mut processed)
+            .await
+            .map_err(ExecutorError::Process)?;
+        self.deliver(&processed, streamed, write).await?;
+        if write {
+            let t = Instant::now();
+            self.sink
+                .finish_batch(batch)
+                .await
+                .map_err(ExecutorError::Sink)?;
+            durations.sink_commit = micros(t.elapsed());
+            if self.options.on_bad_record == BadRecordPolicy::DeadLetter {
+                self.dead_letters
+                    .finish_batch(batch)
+                    .await
+                    .map_err(ExecutorError::DeadLetters)?;
+            }
+        }
+        Ok(())
     }
 
     /// Hands what the processor made to the sink (unless the batch writes

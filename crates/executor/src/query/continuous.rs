@@ -156,7 +156,6 @@ where
             timestamp_ms: epoch_ms(SystemTime::now()),
             conf: Default::default(),
         };
-        let dead_letters = self.options.on_bad_record == BadRecordPolicy::DeadLetter;
         let mut position = from.clone();
         let mut streamed = Streamed::default();
         let mut processed = Processed::default();
@@ -184,20 +183,7 @@ where
                     // Its end is decided when the epoch closes, so the batch
                     // begins without ranges.
                     self.in_batch = true;
-                    self.processor
-                        .begin_batch(batch, &metadata)
-                        .await
-                        .map_err(ExecutorError::Process)?;
-                    self.sink
-                        .begin_batch(batch, &[])
-                        .await
-                        .map_err(ExecutorError::Sink)?;
-                    if dead_letters {
-                        self.dead_letters
-                            .begin_batch(batch, &[])
-                            .await
-                            .map_err(ExecutorError::DeadLetters)?;
-                    }
+                    self.begin_everywhere(batch, &metadata, &[], true).await?;
                     begun = true;
                 }
                 let t = Instant::now();
@@ -211,13 +197,8 @@ where
                 )?;
                 durations.get_batch += micros(t.elapsed());
                 while let Some(chunk) = reader.next_chunk().await.map_err(ExecutorError::Source)? {
-                    streamed.rows += chunk.len() as u64;
-                    processed.clear();
-                    self.processor
-                        .process(chunk, &mut processed)
-                        .await
-                        .map_err(ExecutorError::Process)?;
-                    self.deliver(&processed, &mut streamed, true).await?;
+                    self.process_chunk(chunk, &mut processed, &mut streamed, true)
+                        .await?;
                 }
                 for loss in reader.data_loss() {
                     tracing::warn!(
@@ -324,7 +305,7 @@ where
         )?;
         durations.wal_commit = micros(t.elapsed());
         match self
-            .finish_epoch(batch, &mut streamed, &mut durations)
+            .finish_everywhere(batch, &mut streamed, &mut durations, true)
             .await
         {
             Ok(()) => {}
@@ -358,32 +339,5 @@ where
         };
         self.commit_batch(planned, streamed, summary, on_progress)
             .await
-    }
-
-    async fn finish_epoch(
-        &mut self,
-        batch: BatchId,
-        streamed: &mut Streamed,
-        durations: &mut DurationMs,
-    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        let mut processed = Processed::default();
-        self.processor
-            .finish_batch(batch, &mut processed)
-            .await
-            .map_err(ExecutorError::Process)?;
-        self.deliver(&processed, streamed, true).await?;
-        let t = Instant::now();
-        self.sink
-            .finish_batch(batch)
-            .await
-            .map_err(ExecutorError::Sink)?;
-        durations.sink_commit = micros(t.elapsed());
-        if self.options.on_bad_record == BadRecordPolicy::DeadLetter {
-            self.dead_letters
-                .finish_batch(batch)
-                .await
-                .map_err(ExecutorError::DeadLetters)?;
-        }
-        Ok(())
     }
 }
