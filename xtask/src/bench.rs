@@ -213,7 +213,10 @@ struct Run {
     restart_ms: f64,
 }
 
-/// Builds the release `sluice` and `bench_tool`; returns their paths.
+/// Builds the release `sluice`, `bench_tool` and `latency_probe`; returns the
+/// paths of the first two. One build for all three: built apart, the examples
+/// would unify the shared crates' features differently and rebuild most of
+/// them (arrow, datafusion) a second time.
 pub fn build_release(root: &Path) -> Result<(PathBuf, PathBuf)> {
     cargo(
         root,
@@ -229,6 +232,8 @@ pub fn build_release(root: &Path) -> Result<(PathBuf, PathBuf)> {
             "sluice-examples",
             "--example",
             "bench_tool",
+            "--example",
+            "latency_probe",
         ],
     )?;
     let release = root.join("target").join("release");
@@ -621,7 +626,7 @@ pub fn uuid_like() -> String {
 }
 
 /// Runs `bench_tool` with `args` to its end; returns what it printed.
-fn bench_tool(tool: &Path, args: &[&str]) -> Result<Vec<u8>> {
+pub(crate) fn bench_tool(tool: &Path, args: &[&str]) -> Result<Vec<u8>> {
     let output = Command::new(tool).args(args).output()?;
     if !output.status.success() {
         bail!(

@@ -11,6 +11,7 @@
 //!   orders, and `sluice run` on `examples/demo.toml`.
 
 mod bench;
+mod bench_latency;
 mod bench_scale;
 mod cassandra;
 mod devenv;
@@ -52,6 +53,9 @@ Tasks:
   bench partitions [--records N] [--partitions 8,256,1024] [--runs R] [--batch-bytes B]
                 the same over several partition counts, at the default batch size and
                 10,000 offsets per trigger, with both stores: ratios and peak RSS
+  bench latency [--rates 100,10000,100000] [--seconds N] [--partitions P] [--only NAME]
+                send-to-visible latency with processing_time = \"0s\", to jsonl and to the kafka
+                sink, with both stores, beside Kafka's own latency in the same run
   bench soak [--batches N] [--store filesystem|cassandra]
                 100,000 tiny batches: batch cost at the start and the end, checkpoint
                 size and RSS over time
@@ -113,6 +117,12 @@ fn run(args: &[String]) -> Result<()> {
                 let args = bench_scale::SweepArgs::parse(rest)?;
                 with_dev_env(&root, devenv::PLAIN, || {
                     bench_scale::partitions(&root, &args)
+                })
+            }
+            Some((mode, rest)) if mode == "latency" => {
+                let args = bench_latency::LatencyArgs::parse(rest)?;
+                with_dev_env(&root, devenv::PLAIN, || {
+                    bench_latency::latency(&root, &args)
                 })
             }
             Some((mode, rest)) if mode == "soak" => {
