@@ -190,6 +190,14 @@ pub trait BatchReader: Send {
 /// therefore exactly once; one that appends is at least once. A sink that can
 /// tell whether a batch already reached it ([`Sink::delivered`], a two-phase sink
 /// such as Kafka transactions) is exactly once without replacing anything.
+///
+/// Under the continuous trigger a batch (an epoch) begins before its plan
+/// exists, with no ranges, since its end is decided when it closes; its
+/// records are written as they arrive, and its plan is durable before
+/// `finish_batch`. A crash before that replays the records from the last
+/// commit in a new attempt of the same batch id: a sink that publishes only
+/// at `finish_batch` stays exactly once, one that publishes on `write` is at
+/// least once.
 pub trait Sink<T: ?Sized + Sync = RecordChunk>: Send {
     /// What can go wrong.
     type Error: std::error::Error + Send + Sync + 'static;
