@@ -422,29 +422,14 @@ where
             // Offsets purged since then still surface as data loss while reading.
             let partitions: BTreeMap<_, _> = match &available_now_partitions {
                 Some(partitions) => partitions.clone(),
-                None => retrying!(
-                    self,
-                    Part::Source,
-                    "discovering partitions",
-                    self.source.partitions(),
-                    Src::is_transient,
-                    ExecutorError::Source
-                )?,
+                None => self.discover().await?,
             };
             if self.options.trigger == Trigger::AvailableNow && available_now_partitions.is_none() {
                 available_now_partitions = Some(partitions.clone());
             }
             let mut from = match start.take() {
                 Some(from) => from,
-                None => retrying!(
-                    self,
-                    Part::Source,
-                    "resolving starting offsets",
-                    self.source
-                        .starting_offsets(&self.options.starting, &partitions),
-                    Src::is_transient,
-                    ExecutorError::Source
-                )?,
+                None => self.starting_offsets(&partitions).await?,
             };
             let losses = data_loss(&mut from, &partitions, self.options.fail_on_data_loss)?;
             // New partitions start at their first offset (0 unless that was lost,
@@ -887,13 +872,6 @@ where
         Ok(())
     }
 
-    /// Streams the batch's records from the source through the processor into
-    /// the sink, chunk by chunk. A read that fails transiently starts over, and the
-    /// processor and sinks begin the batch again: reading a durable plan again is
-    /// safe, because it reads the same ranges.
-    ///
-    /// Without `write`, the sink and the dead letters get nothing: the batch is
-    /// run for the processor's state alone.
     /// Fences every earlier writer of the sink ([`Sink::take_over`]).
     async fn take_over_sink(&mut self) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
         retrying!(
@@ -920,6 +898,46 @@ where
         )
     }
 
+    /// The source's partitions with their low and high offsets, looked up again
+    /// under the retry policy while the source fails transiently.
+    async fn discover(
+        &mut self,
+    ) -> Result<BTreeMap<TopicPartition, OffsetBounds>, QueryError<Src, Store, Proc, Snk, Dead>>
+    {
+        retrying!(
+            self,
+            Part::Source,
+            "discovering partitions",
+            self.source.partitions(),
+            Src::is_transient,
+            ExecutorError::Source
+        )
+    }
+
+    /// Where a query with nothing committed starts on `partitions`, from its
+    /// `starting` option.
+    async fn starting_offsets(
+        &mut self,
+        partitions: &BTreeMap<TopicPartition, OffsetBounds>,
+    ) -> Result<PartitionOffsets, QueryError<Src, Store, Proc, Snk, Dead>> {
+        retrying!(
+            self,
+            Part::Source,
+            "resolving starting offsets",
+            self.source
+                .starting_offsets(&self.options.starting, partitions),
+            Src::is_transient,
+            ExecutorError::Source
+        )
+    }
+
+    /// Streams the batch's records from the source through the processor into
+    /// the sink, chunk by chunk. A read that fails transiently starts over, and the
+    /// processor and sinks begin the batch again: reading a durable plan again is
+    /// safe, because it reads the same ranges.
+    ///
+    /// Without `write`, the sink and the dead letters get nothing: the batch is
+    /// run for the processor's state alone.
     async fn stream(
         &mut self,
         plan: &BatchPlan,

@@ -126,25 +126,10 @@ where
     ) -> Result<Epoch, QueryError<Src, Store, Proc, Snk, Dead>> {
         let epoch_start = Instant::now();
         let mut durations = DurationMs::default();
-        let mut partitions = retrying!(
-            self,
-            Part::Source,
-            "discovering partitions and latest offsets",
-            self.source.partitions(),
-            Src::is_transient,
-            ExecutorError::Source
-        )?;
+        let mut partitions = self.discover().await?;
         let mut from = match start {
             Some(from) => from,
-            None => retrying!(
-                self,
-                Part::Source,
-                "resolving starting offsets",
-                self.source
-                    .starting_offsets(&self.options.starting, &partitions),
-                Src::is_transient,
-                ExecutorError::Source
-            )?,
+            None => self.starting_offsets(&partitions).await?,
         };
         let mut losses = data_loss(&mut from, &partitions, self.options.fail_on_data_loss)?;
         for (tp, marks) in &partitions {
@@ -230,14 +215,7 @@ where
                 }
             }
             let t = Instant::now();
-            partitions = retrying!(
-                self,
-                Part::Source,
-                "discovering partitions and latest offsets",
-                self.source.partitions(),
-                Src::is_transient,
-                ExecutorError::Source
-            )?;
+            partitions = self.discover().await?;
             durations.latest_offset += micros(t.elapsed());
             // A partition added during the epoch is read from its first offset.
             for (tp, marks) in &partitions {
