@@ -20,6 +20,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::bench::{bench_tool, build_release, checkpoint, percentile, replace_section, slug};
+use crate::bench_scale::progress_lines;
 
 const BOOTSTRAP: &str = "127.0.0.1:9092";
 
@@ -175,14 +176,6 @@ fn probe_path(root: &Path) -> PathBuf {
         .join("latency_probe")
 }
 
-fn progress_lines(path: &Path) -> Vec<Value> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 /// The median of each phase over the batches that read records, in ms.
 fn phases(progress: &[Value]) -> Value {
     let with_rows: Vec<&Value> = progress
@@ -328,7 +321,7 @@ fn measure(
             config.display()
         );
     }
-    let phases = phases(&progress_lines(&progress));
+    let phases = phases(&progress_lines(&dir));
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
         "{} at {rate}/s ({:.1} s): p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms; Kafka alone p50 {:.1} \

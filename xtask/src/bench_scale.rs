@@ -127,7 +127,9 @@ fn fresh_dir(path: PathBuf) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn progress_lines(dir: &Path) -> Vec<Value> {
+/// The progress reports a query wrote to `progress.jsonl` in `dir`, one per
+/// batch; a line cut short by a killed writer is skipped.
+pub(crate) fn progress_lines(dir: &Path) -> Vec<Value> {
     fs::read_to_string(dir.join("progress.jsonl"))
         .unwrap_or_default()
         .lines()
