@@ -199,7 +199,10 @@ async fn a_paused_runner_is_fenced_by_the_one_that_took_over() {
     to_kafka(&streaming, &job, &out_topic, "");
 
     let zombie = Running::spawn(&["run", "--config", streaming.to_str().unwrap()]);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Paused before its claim, the first runner would claim after the second
+    // and be the one left running, which is not what this test is about.
+    wait_for_a_reported_batch(&job.progress_file()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     zombie.signal("-STOP");
     let successor = Running::spawn(&["run", "--config", streaming.to_str().unwrap()]);
     tokio::time::sleep(Duration::from_millis(4000)).await;
@@ -218,6 +221,20 @@ async fn a_paused_runner_is_fenced_by_the_one_that_took_over() {
     let produced = producer_task.await.unwrap();
 
     catch_up_and_check(&job, &out_topic, 2, produced).await;
+}
+
+/// Waits until a runner has reported a batch in `progress`: it has claimed the
+/// query by then, since the claim comes before the first plan.
+async fn wait_for_a_reported_batch(progress: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !std::fs::read_to_string(progress).is_ok_and(|text| text.contains('\n')) {
+        assert!(
+            Instant::now() < deadline,
+            "no batch reported in {} within 90 s",
+            progress.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits until process `pid` is stopped (state `T` in `/proc/<pid>/stat`).

@@ -127,8 +127,13 @@ file = "{progress}"
         records
     }
 
+    /// Where the job's runs append their progress reports.
+    pub(crate) fn progress_file(&self) -> PathBuf {
+        self.dir.path().join("progress.jsonl")
+    }
+
     fn progress(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.dir.path().join("progress.jsonl"))
+        std::fs::read_to_string(self.progress_file())
             .unwrap_or_default()
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())

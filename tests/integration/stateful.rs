@@ -337,7 +337,8 @@ async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32) {
     let stop = Arc::new(AtomicBool::new(false));
     let producer_task = keep_producing(topic.clone(), 3, stop.clone());
     let mut random = Lcg::from_clock("stateful crash test");
-    sluice_tests::process::kill_at_random_moments(&streaming, 20, (300, 900), &mut random).await;
+    let kills = 20;
+    sluice_tests::process::kill_at_random_moments(&streaming, kills, (300, 900), &mut random).await;
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 
@@ -380,9 +381,11 @@ async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32) {
     // batch reads at most 300 orders (3 s), so at most a few 10 s windows of 5
     // customers each are open at any time.
     assert!(most_state <= 20, "state stays bounded: {most_state} groups");
+    // A report follows its batch's commit, so a kill loses at most the report
+    // of the batch it cut short; every other batch is reported, replays too.
     assert!(
-        reported * 10 >= plans.len() * 9,
-        "progress for most batches: {reported} of {}",
+        reported + kills as usize >= plans.len(),
+        "progress for every batch but at most one per kill: {reported} of {} after {kills} kills",
         plans.len()
     );
     assert_eq!(
