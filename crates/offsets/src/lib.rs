@@ -20,6 +20,7 @@
 mod batch;
 mod chunk;
 mod data_loss;
+mod group;
 mod json;
 mod partition;
 mod processor;
@@ -35,6 +36,10 @@ pub use chunk::{Iter as RecordIter, RecordChunk, RecordParts, RecordRef};
 pub use data_loss::{
     DataLoss, DataLossDecision, OffsetBounds, apply_data_loss_policy, classify_batch,
     classify_data_loss, data_loss_report,
+};
+pub use group::{
+    Directory, DirectoryEntry, Generation, GroupError, Membership, MembershipChange, Origin,
+    PartitionDirectory, PartitionStart, Revocation, settled_ends,
 };
 pub use json::{
     OffsetJsonError, offsets_from_json, offsets_to_json, values_from_json, values_to_json,
