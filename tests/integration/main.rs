@@ -5,6 +5,7 @@
 mod cassandra_smoke;
 mod continuous;
 mod exactly_once;
+mod group;
 mod kafka_smoke;
 mod kafka_source;
 mod runner;

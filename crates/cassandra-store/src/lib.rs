@@ -7,6 +7,8 @@
 //! sluice_log     (query, kind, batch_id) + static query_id, epoch, owner
 //!                plans (kind 'plan'), commits ('commit') and batch 0's start ('initial')
 //! sluice_offsets (query, topic, partition) -> offset, batch_id   the latest committed offsets
+//! sluice_partitions (query, topic, partition) -> owner, start_offset + static query_id,
+//!                initial_offsets                                 group mode's directory
 //! ```
 //!
 //! A runner claims a query by raising its epoch with a lightweight transaction;
@@ -15,6 +17,7 @@
 //! ever overwritten. See `docs/cassandra-store.md`.
 
 mod connect;
+mod directory;
 mod error;
 mod location;
 mod sink;
@@ -24,6 +27,7 @@ pub use connect::{
     Connection, Consistency, SerialConsistency, parse_consistency, parse_serial_consistency,
     read_offsets_table,
 };
+pub use directory::{CassandraDirectory, PARTITIONS_TABLE};
 pub use error::{CassandraStoreError, DriverError};
 pub use location::CassandraLocation;
 pub use sink::{CassandraSink, CassandraSinkConfig, Field};

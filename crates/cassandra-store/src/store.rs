@@ -322,6 +322,47 @@ impl CassandraStore {
         Ok(rows_seen.then_some(files))
     }
 
+    /// Deletes this query's log and its offsets mirror, unless another runner
+    /// claimed it since. A generation's log goes once its partitions are handed
+    /// back (`docs/scale-out.md`): nothing reads it any more.
+    pub async fn remove(self) -> Result<(), CassandraStoreError> {
+        let ks = &self.location.keyspace;
+        let query = &self.location.query;
+        let what = format!("removing query {query} from {ks}.{LOG_TABLE}");
+        // Cassandra deletes a partition only unconditionally: the epoch is
+        // checked, and raised so that no write of an older holder lands
+        // meanwhile, first.
+        let result = self
+            .session
+            .execute_unpaged(
+                &self.raise_claim,
+                (self.epoch + 1, "removed", query, self.epoch),
+            )
+            .await
+            .map_err(query_error(what.clone()))?;
+        let (done, epoch) = applied(result)?;
+        if !done {
+            return Err(self.refused("claim", BatchId::FIRST, epoch).await);
+        }
+        self.session
+            .query_unpaged(
+                format!("DELETE FROM {ks}.{LOG_TABLE} WHERE query = ?"),
+                (query,),
+            )
+            .await
+            .map_err(query_error(what))?;
+        self.session
+            .query_unpaged(
+                format!("DELETE FROM {ks}.{OFFSETS_TABLE} WHERE query = ?"),
+                (query,),
+            )
+            .await
+            .map_err(query_error(format!(
+                "removing query {query} from {ks}.{OFFSETS_TABLE}"
+            )))?;
+        Ok(())
+    }
+
     /// The query id, created with the query's first claim.
     pub fn id(&self) -> &str {
         &self.query_id
@@ -414,16 +455,25 @@ impl CassandraStore {
     ) -> CassandraStoreError {
         // Our own epoch in the answer means the entry exists; otherwise read the
         // claim once, for the epoch and the owner to name.
-        let claim = match current_epoch {
-            Some(epoch) if epoch == self.epoch => None,
-            _ => self.read_claim().await.ok().flatten(),
-        };
-        match claim {
-            Some((_, epoch, owner)) if epoch != self.epoch => CassandraStoreError::Fenced {
+        if current_epoch == Some(self.epoch) {
+            return CassandraStoreError::AlreadyExists {
+                entry: self.entry(kind, batch),
+            };
+        }
+        match self.read_claim().await {
+            Ok(Some((_, epoch, owner))) if epoch != self.epoch => CassandraStoreError::Fenced {
                 query: self.location.query.clone(),
                 epoch: self.epoch,
                 current_epoch: epoch,
                 owner,
+            },
+            // A generation's log is removed once whoever settled it handed its
+            // partitions back (`docs/scale-out.md`).
+            Ok(None) => CassandraStoreError::Fenced {
+                query: self.location.query.clone(),
+                epoch: self.epoch,
+                current_epoch: 0,
+                owner: "nobody: the query's log was removed".to_owned(),
             },
             _ => CassandraStoreError::AlreadyExists {
                 entry: self.entry(kind, batch),
@@ -468,21 +518,32 @@ fn applied(
     Ok((applied, epoch))
 }
 
-async fn ensure_schema(
+/// Whether a lookup in Cassandra's schema tables finds a row.
+pub(crate) async fn exists(
+    session: &Session,
+    what: String,
+    cql: &'static str,
+    values: Vec<String>,
+) -> Result<bool, CassandraStoreError> {
+    let result = session
+        .query_unpaged(cql, values)
+        .await
+        .map_err(query_error(what.clone()))?
+        .into_rows_result()
+        .map_err(query_error(what))?;
+    Ok(result.rows_num() > 0)
+}
+
+/// Creates the keyspace (when given its replication) and the tables every
+/// query uses, or checks that they exist when `create_schema` is false.
+pub(crate) async fn ensure_schema(
     session: &Session,
     location: &CassandraLocation,
     options: &CassandraOptions,
 ) -> Result<(), CassandraStoreError> {
     let ks = &location.keyspace;
-    let exists = |what: String, cql: &'static str, values: Vec<String>| async move {
-        let result = session
-            .query_unpaged(cql, values)
-            .await
-            .map_err(query_error(what.clone()))?
-            .into_rows_result()
-            .map_err(query_error(what))?;
-        Ok::<bool, CassandraStoreError>(result.rows_num() > 0)
-    };
+    let exists =
+        |what: String, cql: &'static str, values: Vec<String>| exists(session, what, cql, values);
     let keyspace_exists = exists(
         format!("looking for keyspace {ks}"),
         "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",

@@ -100,6 +100,14 @@ pub enum KafkaSourceError {
         /// The timeout.
         timeout_ms: u128,
     },
+    /// The consumer group of a query in group mode cannot be used as configured.
+    #[error("{what}: {problem}")]
+    Group {
+        /// What was being done.
+        what: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// A Kafka call failed.
     #[error("{what} failed: {source}")]
     Kafka {

@@ -10,6 +10,7 @@ mod client;
 mod config;
 mod discovery;
 mod error;
+mod membership;
 mod reader;
 mod refusal;
 mod sink;
@@ -31,6 +32,7 @@ pub use config::{
     is_security_option,
 };
 pub use error::KafkaSourceError;
+pub use membership::{GroupConfig, GroupProtocol, KafkaMembership};
 pub use sink::{Delivery, KafkaSink, KafkaSinkConfig};
 
 /// Routes librdkafka's own log lines to `tracing`, and keeps the reason of a
