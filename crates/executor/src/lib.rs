@@ -23,6 +23,7 @@
 //! [`Sink`]: sluice_offsets::Sink
 
 mod error;
+mod group;
 mod progress;
 mod query;
 mod retry;
@@ -30,6 +31,7 @@ pub mod sinks;
 mod trigger;
 
 pub use error::{ExecutorError, Retried};
+pub use group::{Generations, GroupErrorOf, GroupQuery, GroupQueryError, GroupSummary};
 pub use progress::{
     DurationMs, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
 };

@@ -18,6 +18,9 @@ use super::{SinkError, write_record_json};
 #[derive(Debug)]
 pub struct JsonlSink {
     dir: PathBuf,
+    /// What each file's name starts with: `batch-`, or `batch-<generation>-`
+    /// in group mode, whose generations each number their batches from 0.
+    prefix: String,
     open: Option<Open>,
 }
 
@@ -41,12 +44,30 @@ impl JsonlSink {
             path: dir.clone(),
             source,
         })?;
-        Ok(JsonlSink { dir, open: None })
+        Ok(JsonlSink {
+            dir,
+            prefix: "batch-".to_owned(),
+            open: None,
+        })
+    }
+
+    /// A sink writing the batches of one generation of a query in group mode
+    /// (`docs/scale-out.md`) into `dir`, as `batch-<generation>-<id>.jsonl`:
+    /// the members' files never collide, and a generation's batch replayed by
+    /// whoever settles it replaces its own file.
+    pub fn for_generation(
+        dir: impl Into<PathBuf>,
+        generation: &sluice_offsets::Generation,
+    ) -> Result<JsonlSink, SinkError> {
+        let mut sink = JsonlSink::new(dir)?;
+        sink.prefix = format!("batch-{generation}-");
+        Ok(sink)
     }
 
     /// The file a batch is written to.
     pub fn batch_path(&self, batch: BatchId) -> PathBuf {
-        self.dir.join(format!("batch-{:020}.jsonl", batch.0))
+        self.dir
+            .join(format!("{}{:020}.jsonl", self.prefix, batch.0))
     }
 
     /// Runs blocking file work on tokio's blocking pool with the open batch.
