@@ -9,6 +9,7 @@ mod group;
 mod kafka_smoke;
 mod kafka_source;
 mod runner;
+mod scale_out;
 mod security;
 mod spark_checkpoint;
 mod sql;

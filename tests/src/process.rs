@@ -84,6 +84,11 @@ impl Running {
         assert!(status.success(), "kill {signal} {} failed", self.id());
     }
 
+    /// Whether the process has exited, and how, without waiting.
+    pub fn has_exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("polling sluice")
+    }
+
     /// Waits for the process to exit; its stdout is not captured.
     pub fn wait(mut self) -> Output {
         let status = self.child.wait().expect("waiting for sluice");

@@ -48,6 +48,20 @@ pub struct Config {
     pub query: Option<QuerySection>,
     /// Where records go whose values do not decode, with `on_bad_record = "dead_letter"`.
     pub dead_letter: Option<DeadLetterSection>,
+    /// Several processes share the query through Kafka's consumer group.
+    #[serde(default)]
+    pub scale_out: ScaleOutSection,
+}
+
+/// `[scale_out]`: every process runs the same configuration, and Kafka's
+/// consumer group shares the partitions among them (`docs/scale-out.md`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaleOutSection {
+    #[serde(default)]
+    pub enabled: bool,
+    /// "classic" (cooperative-sticky, the default) or "consumer" (KIP-848).
+    pub group_protocol: Option<String>,
 }
 
 /// `[query]`.
@@ -291,7 +305,7 @@ pub struct SinkSection {
 }
 
 /// `[progress]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProgressSection {
     /// A file to append one JSON line per batch to.
@@ -368,7 +382,7 @@ pub enum DeadLetters {
 }
 
 /// Everything the runner needs, checked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub processing: Processing,
     pub dead_letters: DeadLetters,
@@ -385,6 +399,8 @@ pub struct Settings {
     pub progress: ProgressSection,
     pub source_description: String,
     pub retry: sluice_executor::RetryPolicy,
+    /// Group mode, and how its members agree; `None` for one process.
+    pub scale_out: Option<sluice_kafka_source::GroupProtocol>,
 }
 
 /// Reads and checks a configuration file. Every error names the file, and the
@@ -1117,6 +1133,15 @@ fn settings(config: Config) -> Result<Settings> {
         }
     }
 
+    let scale_out = scale_out(
+        &config.scale_out,
+        &kafka,
+        &checkpoint,
+        trigger,
+        &sink,
+        &dead_letters,
+        &config.progress,
+    )?;
     Ok(Settings {
         processing,
         dead_letters,
@@ -1138,6 +1163,7 @@ fn settings(config: Config) -> Result<Settings> {
             Some(n) => n,
             None => sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN,
         },
+        scale_out,
         sink,
         progress: config.progress,
         source_description: description,
@@ -1148,6 +1174,97 @@ fn settings(config: Config) -> Result<Settings> {
 /// `KEY_env = "VAR"` takes the value of `KEY` from the environment variable
 /// `VAR` (`"sasl.password_env"`), to keep secrets out of the file. A secret's
 /// value is never shown in an error.
+/// Checks `[scale_out]` against the rest: what group mode needs, and what it
+/// does not support yet, each with the reason.
+fn scale_out(
+    section: &ScaleOutSection,
+    kafka: &KafkaSourceConfig,
+    checkpoint: &StoreKind,
+    trigger: Trigger,
+    sink: &SinkKind,
+    dead_letters: &DeadLetters,
+    progress: &ProgressSection,
+) -> Result<Option<sluice_kafka_source::GroupProtocol>> {
+    use sluice_kafka_source::GroupProtocol;
+    if !section.enabled {
+        if section.group_protocol.is_some() {
+            bail!("scale_out.group_protocol applies with scale_out.enabled = true");
+        }
+        return Ok(None);
+    }
+    let protocol = match section.group_protocol.as_deref() {
+        None | Some("classic") => GroupProtocol::Classic,
+        Some("consumer") => GroupProtocol::Consumer,
+        Some(other) => bail!(
+            "scale_out.group_protocol must be \"classic\" (cooperative-sticky) or \"consumer\" \
+             (KIP-848), not {other:?}"
+        ),
+    };
+    if kafka.group_id.is_none() {
+        bail!(
+            "scale_out needs source.group_id: every process of the query joins that consumer \
+             group, which shares the partitions among them"
+        );
+    }
+    sluice_kafka_source::GroupConfig::topics_of(&kafka.selection)
+        .map_err(|e| anyhow::anyhow!("scale_out: {e}"))?;
+    for key in ["group.protocol", "partition.assignment.strategy"] {
+        if kafka.client_options.contains_key(key) {
+            bail!(
+                "[source.kafka] {key} is chosen by scale_out.group_protocol (classic with \
+                 cooperative-sticky, or consumer): remove it"
+            );
+        }
+    }
+    match checkpoint {
+        StoreKind::Directory(_) => bail!(
+            "scale_out needs a cassandra:// checkpoint.location: a checkpoint directory cannot be \
+             shared safely between processes, and every process of the query reads and writes \
+             the same directory of partitions"
+        ),
+        StoreKind::Cassandra(location, _) if location.query.contains('/') => bail!(
+            "scale_out: the query name {:?} must not contain '/', which separates the query from \
+             its generations' logs",
+            location.query
+        ),
+        StoreKind::Cassandra(..) => {}
+    }
+    if !matches!(trigger, Trigger::ProcessingTime(_)) {
+        bail!(
+            "scale_out runs until it is stopped: use [trigger] processing_time (available_now and \
+             once end when one process has caught up with its own partitions, and the continuous \
+             trigger is not supported in group mode yet)"
+        );
+    }
+    if kafka.commit_progress {
+        bail!(
+            "source.commit_progress commits to the consumer group, which in group mode belongs to \
+             its members: remove it"
+        );
+    }
+    if let SinkKind::Kafka(config) = sink
+        && config.delivery == sluice_kafka_source::Delivery::ExactlyOnce
+    {
+        bail!(
+            "sink.delivery = \"exactly_once\" is not supported with scale_out yet: its \
+             transactional ids would have to follow the partitions; use \"at_least_once\", whose \
+             records carry their input position for deduplication"
+        );
+    }
+    if let DeadLetters::Kafka(config) = dead_letters
+        && config.delivery == sluice_kafka_source::Delivery::ExactlyOnce
+    {
+        bail!("[dead_letter] to Kafka is at least once with scale_out");
+    }
+    if progress.metrics_addr.is_some() {
+        bail!(
+            "progress.metrics_addr is not supported with scale_out yet: the processes of a query \
+             would serve on the same address"
+        );
+    }
+    Ok(Some(protocol))
+}
+
 fn client_options(
     table: &str,
     values: BTreeMap<String, toml::Value>,
@@ -1510,6 +1627,83 @@ mod tests {
                 "revenue"
             ]
         );
+    }
+
+    #[test]
+    fn scale_out_needs_a_group_subscribe_and_cassandra_and_refuses_what_it_cannot_share() {
+        let config = |source: &str, checkpoint: &str, rest: &str| {
+            format!(
+                "[source]\nbootstrap_servers = \"h:9092\"\n{source}\n[checkpoint]\n{checkpoint}\n\
+                 [sink]\ntype = \"jsonl\"\npath = \"/tmp/out\"\n{rest}\n[scale_out]\nenabled = true\n"
+            )
+        };
+        let group = "subscribe = [\"events\"]\ngroup_id = \"g\"";
+        let cassandra = "location = \"cassandra://h:9042/ks?query=q\"";
+        let settings = parse(&config(group, cassandra, "")).unwrap();
+        assert_eq!(
+            settings.scale_out,
+            Some(sluice_kafka_source::GroupProtocol::Classic)
+        );
+        let consumer = config(group, cassandra, "").replace(
+            "enabled = true",
+            "enabled = true\ngroup_protocol = \"consumer\"",
+        );
+        assert_eq!(
+            parse(&consumer).unwrap().scale_out,
+            Some(sluice_kafka_source::GroupProtocol::Consumer)
+        );
+        let err = |text: String| format!("{:#}", parse(&text).unwrap_err());
+        for (text, expected) in [
+            (
+                config(group, "location = \"/tmp/q\"", ""),
+                "needs a cassandra:// checkpoint.location",
+            ),
+            (
+                config("subscribe = [\"events\"]", cassandra, ""),
+                "scale_out needs source.group_id",
+            ),
+            (
+                config("assign = { events = [0] }\ngroup_id = \"g\"", cassandra, ""),
+                "use `subscribe`",
+            ),
+            (
+                config(group, "location = \"cassandra://h:9042/ks?query=a/b\"", ""),
+                "must not contain '/'",
+            ),
+            (
+                config(group, cassandra, "[trigger]\navailable_now = true"),
+                "use [trigger] processing_time",
+            ),
+            (
+                config(
+                    &format!(
+                        "{group}\n[source.kafka]\n\"partition.assignment.strategy\" = \"range\""
+                    ),
+                    cassandra,
+                    "",
+                ),
+                "chosen by scale_out.group_protocol",
+            ),
+            (
+                config(group, cassandra, "[progress]\nmetrics_addr = \"9464\""),
+                "metrics_addr is not supported with scale_out",
+            ),
+            (
+                config(group, cassandra, "").replace(
+                    "enabled = true",
+                    "enabled = true\ngroup_protocol = \"eager\"",
+                ),
+                "must be \"classic\"",
+            ),
+        ] {
+            let shown = err(text);
+            assert!(shown.contains(expected), "{expected:?} not in {shown}");
+        }
+        let exactly_once = config(group, cassandra, "").replace(
+            "type = \"jsonl\"\npath = \"/tmp/out\"",
+            "type = \"kafka\"\ntopic = \"out\"\ndelivery = \"exactly_once\"",
+        );
+        assert!(err(exactly_once).contains("not supported with scale_out yet"));
     }
 
     #[test]

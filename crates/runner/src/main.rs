@@ -10,6 +10,7 @@ mod config;
 mod dead;
 mod exit;
 mod failpoint;
+mod group;
 mod offsets_cmd;
 
 use std::io::Write;
@@ -187,6 +188,18 @@ async fn run(config: PathBuf) -> Result<(), Exit> {
             Some(processor)
         }
     };
+    if let Some(protocol) = settings.scale_out {
+        if processor.as_ref().is_some_and(SqlProcessor::is_stateful) {
+            return Err(Exit::config(anyhow::anyhow!(
+                "query.sql aggregates, and stateful queries are not supported with scale_out yet: \
+                 their state would have to move with the partitions (docs/scale-out.md#limits)"
+            )));
+        }
+        let StoreKind::Cassandra(location, options) = settings.checkpoint.clone() else {
+            unreachable!("the configuration refuses scale_out without a Cassandra store");
+        };
+        return group::run(settings, location, *options, protocol).await;
+    }
     match settings.checkpoint.clone() {
         StoreKind::Directory(dir) => {
             let shown = dir.display().to_string();
@@ -195,7 +208,8 @@ async fn run(config: PathBuf) -> Result<(), Exit> {
                 .map_err(|e| Exit::runtime(anyhow::anyhow!("opening the checkpoint: {e}")))?
                 .map_err(Exit::checkpoint)?;
             let query_id = checkpoint.id().to_owned();
-            with_store(settings, processor, query_id, checkpoint, shown).await
+            let stop = stop_on_signals();
+            with_store(settings, processor, query_id, checkpoint, shown, stop, None).await
         }
         StoreKind::Cassandra(location, options) => {
             let shown = format!("cassandra {}/{}", location.keyspace, location.query);
@@ -203,19 +217,23 @@ async fn run(config: PathBuf) -> Result<(), Exit> {
                 .await
                 .map_err(Exit::cassandra)?;
             let query_id = store.id().to_owned();
-            with_store(settings, processor, query_id, store, shown).await
+            let stop = stop_on_signals();
+            with_store(settings, processor, query_id, store, shown, stop, None).await
         }
     }
 }
 
 /// Builds the source, the processor and the sink around an opened offset
-/// store, and runs.
+/// store, and runs until `stop` turns true or the trigger is done. In group
+/// mode, `generation` names the sink's output.
 async fn with_store<St>(
     settings: Settings,
     processor: Option<SqlProcessor>,
     query_id: String,
     store: St,
     shown: String,
+    stop: watch::Receiver<bool>,
+    generation: Option<sluice_offsets::Generation>,
 ) -> Result<(), Exit>
 where
     St: OffsetStore,
@@ -229,11 +247,13 @@ where
         query_id,
         source,
         store_description: shown,
+        stop,
+        generation,
     };
     let Some(processor) = processor else {
         return parts.records(store).await;
     };
-    let dead = dead_letters(&parts.settings, &parts.query_id)?;
+    let dead = dead_letters(&parts.settings, &parts.query_id, parts.generation.as_ref())?;
     parts.rows(store, processor, dead).await
 }
 
@@ -263,16 +283,31 @@ async fn processor(settings: &Settings) -> Result<SqlProcessor, Exit> {
     }
 }
 
-fn dead_letters(settings: &Settings, query_id: &str) -> Result<DeadLetterSink, Exit> {
+fn dead_letters(
+    settings: &Settings,
+    query_id: &str,
+    generation: Option<&sluice_offsets::Generation>,
+) -> Result<DeadLetterSink, Exit> {
     Ok(match &settings.dead_letters {
         DeadLetters::None => DeadLetterSink::None(DiscardSink),
         DeadLetters::Directory(path) => {
-            DeadLetterSink::Directory(JsonlSink::new(path).map_err(|e| Exit::runtime(e.into()))?)
+            DeadLetterSink::Directory(jsonl(path, generation).map_err(|e| Exit::runtime(e.into()))?)
         }
         DeadLetters::Kafka(config) => DeadLetterSink::Kafka(Box::new(
             KafkaSink::new(config.clone(), query_id).map_err(|e| Exit::config(e.into()))?,
         )),
     })
+}
+
+/// A jsonl sink into `path`, its files named by `generation` in group mode.
+fn jsonl(
+    path: &std::path::Path,
+    generation: Option<&sluice_offsets::Generation>,
+) -> Result<JsonlSink, sluice_executor::sinks::SinkError> {
+    match generation {
+        Some(generation) => JsonlSink::for_generation(path, generation),
+        None => JsonlSink::new(path),
+    }
 }
 
 /// What every run needs, whatever its sink.
@@ -282,6 +317,10 @@ struct Parts {
     source: KafkaSource,
     /// The store as the start line and the status page name it.
     store_description: String,
+    /// Turns true when the run is to stop after the batch in flight.
+    stop: watch::Receiver<bool>,
+    /// The generation this run is, in group mode.
+    generation: Option<sluice_offsets::Generation>,
 }
 
 impl Parts {
@@ -319,7 +358,8 @@ impl Parts {
                 self.run(store, PassThrough, sink, dead, description).await
             }
             SinkKind::Jsonl { path } => {
-                let sink = JsonlSink::new(&path).map_err(|e| Exit::runtime(e.into()))?;
+                let sink =
+                    jsonl(&path, self.generation.as_ref()).map_err(|e| Exit::runtime(e.into()))?;
                 let description = format!("jsonl[{}]", path.display());
                 self.run(store, PassThrough, sink, dead, description).await
             }
@@ -369,7 +409,8 @@ impl Parts {
                 self.run(store, processor, sink, dead, description).await
             }
             SinkKind::Jsonl { path } => {
-                let sink = JsonlSink::new(&path).map_err(|e| Exit::runtime(e.into()))?;
+                let sink =
+                    jsonl(&path, self.generation.as_ref()).map_err(|e| Exit::runtime(e.into()))?;
                 let description = format!("jsonl[{}]", path.display());
                 self.run(store, processor, sink, dead, description).await
             }
@@ -429,6 +470,8 @@ where
         query_id,
         source,
         store_description,
+        stop,
+        generation: _,
     } = parts;
     let options = QueryOptions {
         name: settings.name.clone(),
@@ -469,7 +512,6 @@ where
         sink: sink_description.clone(),
     };
 
-    let stop = stop_on_signals();
     let mut query = Query::with_processor(options, query_id, source, store, processor, sink, dead);
     let status = match metrics_addr {
         Some(addr) => {

@@ -154,6 +154,11 @@ impl SqlProcessor {
         Ok(self)
     }
 
+    /// Whether the query aggregates, keeping state across batches.
+    pub fn is_stateful(&self) -> bool {
+        self.query.as_ref().is_some_and(StreamQuery::is_stateful)
+    }
+
     /// The schema of the rows the sink receives.
     pub fn output_schema(&self) -> SchemaRef {
         match &self.query {
