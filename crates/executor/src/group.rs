@@ -241,8 +241,21 @@ where
             let stored = ended.map_err(GroupQueryError::Generation)?;
             // Handed back even when stopping: the next holder starts at once
             // instead of settling this generation.
-            self.hand_back(&generation, &stored, &mut never_stopped())
-                .await?;
+            let mut never = never_stopped();
+            match self.hand_back(&generation, &stored, &mut never).await {
+                Err(GroupQueryError::Unsettled(unsettled)) => {
+                    // Stopped inside a batch, as when a plan's write was being
+                    // retried: its batch is replayed as anyone's would be.
+                    tracing::warn!(%unsettled, "settling this member's own generation");
+                    if self
+                        .settle(&origin.query_id, &generation, &mut never)
+                        .await?
+                    {
+                        summary.settled += 1;
+                    }
+                }
+                ended => ended?,
+            }
             tracing::info!(%generation, "generation ended and handed its partitions back");
             drop(revocation);
         }
@@ -494,14 +507,23 @@ where
         .map_err(|what| GroupQueryError::Stopped { what })?
         .map_err(GroupQueryError::Directory)?;
         let generations = &mut self.generations;
-        retried!(
+        let removed = retried!(
             self.retry,
             stop,
             "removing a generation's log",
             G::is_transient,
             generations.remove(generation)
-        )
-        .map_err(|what| GroupQueryError::Stopped { what })?
-        .map_err(GroupQueryError::Generation)
+        );
+        // Nothing reads the log once its partitions are handed back; another
+        // member that settled the same generation at the same moment may have
+        // claimed or removed it first.
+        match removed {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, %generation, "removing the generation's log failed; it is left in the store");
+            }
+            Err(what) => return Err(GroupQueryError::Stopped { what }),
+        }
+        Ok(())
     }
 }
