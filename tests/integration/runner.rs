@@ -416,19 +416,39 @@ pub(crate) fn keep_producing(
     partitions: i32,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<usize> {
+    keep_producing_at(
+        topic,
+        partitions,
+        50,
+        std::time::Duration::from_millis(20),
+        stop,
+    )
+}
+
+/// Writes `per_round` records to each partition, then pauses for `pause`,
+/// until `stop`; returns how many each partition got, valued
+/// `p<partition>-<offset>`.
+pub(crate) fn keep_producing_at(
+    topic: String,
+    partitions: i32,
+    per_round: usize,
+    pause: std::time::Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
     tokio::spawn(async move {
         let p = producer();
         let mut next = 0;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             for partition in 0..partitions {
-                let records: Vec<_> = numbered(partition, &format!("p{partition}"), next + 50)
-                    .into_iter()
-                    .skip(next)
-                    .collect();
+                let records: Vec<_> =
+                    numbered(partition, &format!("p{partition}"), next + per_round)
+                        .into_iter()
+                        .skip(next)
+                        .collect();
                 produce(&p, &topic, &records).await;
             }
-            next += 50;
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            next += per_round;
+            tokio::time::sleep(pause).await;
         }
         next
     })

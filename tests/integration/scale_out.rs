@@ -11,35 +11,7 @@ use std::time::{Duration, Instant};
 use sluice_tests::kafka::{create_topic, delete_topic};
 use sluice_tests::process::{Running, run, stderr};
 
-use sluice_tests::kafka::{numbered, produce, producer};
-
-use crate::runner::Job;
-
-/// Writes 10 records to each partition every 50 ms until `stop`, about 2,400
-/// records/s over 12 partitions, which debug builds on a loaded machine still
-/// catch up with; returns how many each partition got, valued `p<partition>-<offset>`.
-fn produce_steadily(
-    topic: String,
-    partitions: i32,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<usize> {
-    tokio::spawn(async move {
-        let p = producer();
-        let mut next = 0;
-        while !stop.load(Ordering::Relaxed) {
-            for partition in 0..partitions {
-                let records: Vec<_> = numbered(partition, &format!("p{partition}"), next + 10)
-                    .into_iter()
-                    .skip(next)
-                    .collect();
-                produce(&p, &topic, &records).await;
-            }
-            next += 10;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        next
-    })
-}
+use crate::runner::{Job, keep_producing_at};
 
 /// The `[source]` lines of a query in group mode.
 fn group_mode(group: &str) -> String {
@@ -94,7 +66,14 @@ async fn members_killed_paused_added_and_removed_keep_the_output_exactly_once() 
     );
     let args = ["run", "--config", config.to_str().unwrap()];
     let stop = Arc::new(AtomicBool::new(false));
-    let producer = produce_steadily(topic.clone(), 12, stop.clone());
+    // About 2,400 records/s, which debug builds on a loaded machine keep up with.
+    let producer = keep_producing_at(
+        topic.clone(),
+        12,
+        10,
+        Duration::from_millis(50),
+        stop.clone(),
+    );
 
     let began = Instant::now();
     let step = |what: &str| println!("{:>6.1} s: {what}", began.elapsed().as_secs_f64());

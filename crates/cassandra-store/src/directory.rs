@@ -48,15 +48,7 @@ impl CassandraDirectory {
         location: CassandraLocation,
         options: CassandraOptions,
     ) -> Result<CassandraDirectory, CassandraStoreError> {
-        let session = crate::Connection {
-            nodes: location.nodes.clone(),
-            username: options.username.clone(),
-            password: options.password.clone(),
-            tls_ca_file: options.tls_ca_file.clone(),
-            connect_timeout: options.request_timeout,
-        }
-        .session()
-        .await?;
+        let session = options.session(&location).await?;
         ensure_schema(&session, &location, &options).await?;
         let ks = &location.keyspace;
         if options.create_schema {
@@ -86,20 +78,7 @@ impl CassandraDirectory {
             });
         }
 
-        let prepare = |cql: String| {
-            let session = &session;
-            let options = &options;
-            async move {
-                let mut statement = session
-                    .prepare(cql.clone())
-                    .await
-                    .map_err(query_error(format!("preparing {cql}")))?;
-                statement.set_consistency(options.consistency.driver());
-                statement.set_serial_consistency(Some(options.serial_consistency.driver()));
-                statement.set_request_timeout(Some(options.request_timeout));
-                Ok::<_, CassandraStoreError>(statement)
-            }
-        };
+        let prepare = |cql: String| options.prepare(&session, cql);
         let mut read = prepare(format!(
             "SELECT topic, partition, owner, start_offset, query_id, initial_offsets FROM \
              {ks}.{PARTITIONS_TABLE} WHERE query = ?"

@@ -79,6 +79,40 @@ impl Default for CassandraOptions {
     }
 }
 
+impl CassandraOptions {
+    /// A session to the location's nodes with these credentials.
+    pub(crate) async fn session(
+        &self,
+        location: &CassandraLocation,
+    ) -> Result<Session, CassandraStoreError> {
+        crate::Connection {
+            nodes: location.nodes.clone(),
+            username: self.username.clone(),
+            password: self.password.clone(),
+            tls_ca_file: self.tls_ca_file.clone(),
+            connect_timeout: self.request_timeout,
+        }
+        .session()
+        .await
+    }
+
+    /// `cql` prepared with these consistencies and timeout.
+    pub(crate) async fn prepare(
+        &self,
+        session: &Session,
+        cql: String,
+    ) -> Result<PreparedStatement, CassandraStoreError> {
+        let mut statement = session
+            .prepare(cql.clone())
+            .await
+            .map_err(query_error(format!("preparing {cql}")))?;
+        statement.set_consistency(self.consistency.driver());
+        statement.set_serial_consistency(Some(self.serial_consistency.driver()));
+        statement.set_request_timeout(Some(self.request_timeout));
+        Ok(statement)
+    }
+}
+
 fn default_owner() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -143,32 +177,11 @@ impl CassandraStore {
         location: CassandraLocation,
         options: CassandraOptions,
     ) -> Result<CassandraStore, CassandraStoreError> {
-        let session = crate::Connection {
-            nodes: location.nodes.clone(),
-            username: options.username.clone(),
-            password: options.password.clone(),
-            tls_ca_file: options.tls_ca_file.clone(),
-            connect_timeout: options.request_timeout,
-        }
-        .session()
-        .await?;
+        let session = options.session(&location).await?;
         ensure_schema(&session, &location, &options).await?;
 
         let ks = &location.keyspace;
-        let prepare = |cql: String| {
-            let session = &session;
-            let options = &options;
-            async move {
-                let mut statement = session
-                    .prepare(cql.clone())
-                    .await
-                    .map_err(query_error(format!("preparing {cql}")))?;
-                statement.set_consistency(options.consistency.driver());
-                statement.set_serial_consistency(Some(options.serial_consistency.driver()));
-                statement.set_request_timeout(Some(options.request_timeout));
-                Ok::<_, CassandraStoreError>(statement)
-            }
-        };
+        let prepare = |cql: String| options.prepare(&session, cql);
         let write_plan = prepare(format!(
             "UPDATE {ks}.{LOG_TABLE} SET start_offsets = ?, end_offsets = ?, watermark_ms = ?, \
              timestamp_ms = ?, conf = ? WHERE query = ? AND kind = 'plan' AND batch_id = ? \
