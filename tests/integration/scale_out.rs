@@ -167,6 +167,67 @@ async fn members_killed_paused_added_and_removed_keep_the_output_exactly_once() 
     delete_topic(&topic).await;
 }
 
+#[tokio::test]
+async fn a_member_that_died_between_its_sink_and_its_commit_is_replayed_by_the_next() {
+    let topic = sluice_tests::unique_name("scale_out_replay");
+    create_topic(&topic, 4).await;
+    let job = Job::with_cassandra(&topic);
+    let config = job.config_with(
+        &group_mode(&sluice_tests::unique_name("scale_out_replay")),
+        "processing_time = \"100ms\"",
+    );
+    let args = ["run", "--config", config.to_str().unwrap()];
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = keep_producing_at(
+        topic.clone(),
+        4,
+        10,
+        Duration::from_millis(50),
+        stop.clone(),
+    );
+
+    // The first member dies right after batch 3 reached the jsonl files and
+    // before its commit: its plan is left uncommitted.
+    let mut command = std::process::Command::new(sluice_tests::process::sluice());
+    command
+        .args(args)
+        .env("SLUICE_FAILPOINT", "after_sink_commit:3");
+    let mut first = Running::spawn_command(command);
+    // Waited for without blocking the producer, which runs on this thread.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while first.has_exited().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the failpoint did not end the first member"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = first.wait();
+    assert!(
+        stderr(&first).contains("aborting after the sink committed batch 3"),
+        "{}",
+        stderr(&first)
+    );
+
+    // The next member settles its generation by replaying that batch, which
+    // rewrites the same file with the same records.
+    let second = Running::spawn(&args);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    stop.store(true, Ordering::Relaxed);
+    let per_partition = producer.await.unwrap() as i64;
+    wait_for_output(&job, 4, per_partition).await;
+    second.signal("-TERM");
+    let second = second.wait();
+    let log = stderr(&second);
+    assert!(second.status.success(), "{log}");
+    assert!(
+        log.contains("replaying the batch the generation planned and did not commit"),
+        "{log}"
+    );
+    assert_exactly_once(&job, 4, per_partition);
+    delete_topic(&topic).await;
+}
+
 #[test]
 fn group_mode_needs_the_cassandra_store_and_a_group() {
     let job = Job::new("scale_out_refused");

@@ -194,6 +194,8 @@ pub struct Query<Src, Store, Snk, Proc = PassThrough, Dead = DiscardSink> {
     /// Whether a batch's plan is written and its commit not yet: a stop
     /// request then lets a first attempt finish.
     in_batch: bool,
+    /// Whether a run ends after its recovery ([`Query::recovery_only`]).
+    recovery_only: bool,
 }
 
 /// What one batch read, wrote and met.
@@ -285,7 +287,16 @@ where
             stop: watch::channel(false).1,
             reached: Reached::default(),
             in_batch: false,
+            recovery_only: false,
         }
+    }
+
+    /// Makes a run end once it has recovered: a planned but uncommitted batch
+    /// is replayed and committed, and nothing new is planned. Group mode
+    /// settles a generation that died this way (`docs/scale-out.md`).
+    pub fn recovery_only(mut self) -> Self {
+        self.recovery_only = true;
+        self
     }
 
     /// This run's id.
@@ -400,6 +411,9 @@ where
             }
         };
 
+        if self.recovery_only {
+            return Ok(());
+        }
         if let Trigger::Continuous(interval) = self.options.trigger {
             return self
                 .run_epochs(interval, next_batch, start, summary, on_progress)

@@ -21,6 +21,15 @@ use tokio::sync::watch;
 use crate::config::Settings;
 use crate::exit::{Classify, Exit};
 
+/// A run that is a generation of a query in group mode.
+pub(crate) struct InGroup {
+    /// The generation, which names the sink's output.
+    pub(crate) generation: Generation,
+    /// Whether the run only recovers: it replays what the generation planned
+    /// and did not commit, and stops (settling it).
+    pub(crate) recovery_only: bool,
+}
+
 /// A generation that failed, with the exit code it ends the process with.
 pub(crate) struct GenerationFailed {
     exit: Exit,
@@ -187,6 +196,7 @@ impl RunnerGenerations {
         generation: &Generation,
         store: CassandraStore,
         stop: watch::Receiver<bool>,
+        recovery_only: bool,
     ) -> Result<(), GenerationFailed> {
         let processor = match settings.processing.is_pass_through() {
             true => None,
@@ -204,7 +214,10 @@ impl RunnerGenerations {
             store,
             shown,
             stop,
-            Some(generation.clone()),
+            Some(InGroup {
+                generation: generation.clone(),
+                recovery_only,
+            }),
         )
         .await?;
         Ok(())
@@ -274,7 +287,7 @@ impl Generations for RunnerGenerations {
         let store = CassandraStore::open(location.clone(), options.clone())
             .await
             .map_err(from_cassandra)?;
-        self.run_with(settings, query_id, generation, store, stop)
+        self.run_with(settings, query_id, generation, store, stop, false)
             .await?;
         self.log(location, options).await
     }
@@ -300,9 +313,9 @@ impl Generations for RunnerGenerations {
             );
             let settings =
                 self.settings_over(plan.ranges().iter().map(|r| r.topic_partition.clone()));
-            // Asked to stop before it starts: it replays and stops.
-            let (_asked, stop) = watch::channel(true);
-            self.run_with(settings, query_id, generation, store, stop)
+            // Never asked to stop: a stop would cut the recovery short.
+            let (_never, stop) = watch::channel(false);
+            self.run_with(settings, query_id, generation, store, stop, true)
                 .await?;
         }
         self.log(location, options).await

@@ -233,7 +233,7 @@ async fn with_store<St>(
     store: St,
     shown: String,
     stop: watch::Receiver<bool>,
-    generation: Option<sluice_offsets::Generation>,
+    group: Option<group::InGroup>,
 ) -> Result<(), Exit>
 where
     St: OffsetStore,
@@ -248,7 +248,8 @@ where
         source,
         store_description: shown,
         stop,
-        generation,
+        recovery_only: group.as_ref().is_some_and(|g| g.recovery_only),
+        generation: group.map(|g| g.generation),
     };
     let Some(processor) = processor else {
         return parts.records(store).await;
@@ -321,6 +322,9 @@ struct Parts {
     stop: watch::Receiver<bool>,
     /// The generation this run is, in group mode.
     generation: Option<sluice_offsets::Generation>,
+    /// Whether the run only recovers: it replays what is planned and not
+    /// committed, and stops (group mode, settling a generation).
+    recovery_only: bool,
 }
 
 impl Parts {
@@ -472,6 +476,7 @@ where
         store_description,
         stop,
         generation: _,
+        recovery_only,
     } = parts;
     let options = QueryOptions {
         name: settings.name.clone(),
@@ -513,6 +518,9 @@ where
     };
 
     let mut query = Query::with_processor(options, query_id, source, store, processor, sink, dead);
+    if recovery_only {
+        query = query.recovery_only();
+    }
     let status = match metrics_addr {
         Some(addr) => {
             let status = serve_status(
