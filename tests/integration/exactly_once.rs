@@ -16,7 +16,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::producer::{FutureRecord, Producer};
 use sluice_tests::kafka::{TIMEOUT, create_topic, delete_topic};
-use sluice_tests::process::{Lcg, Running, run, sluice, stderr};
+use sluice_tests::process::{Lcg, Running, run, sluice, stderr, wait_until};
 
 use crate::runner::{Job, keep_producing};
 
@@ -226,33 +226,21 @@ async fn a_paused_runner_is_fenced_by_the_one_that_took_over() {
 /// Waits until a runner has reported a batch in `progress`: it has claimed the
 /// query by then, since the claim comes before the first plan.
 async fn wait_for_a_reported_batch(progress: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !std::fs::read_to_string(progress).is_ok_and(|text| text.contains('\n')) {
-        assert!(
-            Instant::now() < deadline,
-            "no batch reported in {} within 90 s",
-            progress.display()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        &format!("a batch reported in {}", progress.display()),
+        Duration::from_secs(90),
+        || std::fs::read_to_string(progress).is_ok_and(|text| text.contains('\n')),
+    )
+    .await;
 }
 
 /// Waits until process `pid` is stopped (state `T` in `/proc/<pid>/stat`).
 async fn wait_until_stopped(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // The state follows the command name, which is in parentheses.
-        let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
-        if state == Some("T") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process {pid} did not stop at its failpoint: {stat}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let stat = || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses.
+    let stopped = || stat().rsplit_once(") ").map(|(_, rest)| &rest[..1] == "T") == Some(true);
+    let what = format!("process {pid} stopped at its failpoint");
+    wait_until(&what, Duration::from_secs(90), stopped).await;
 }
 
 #[tokio::test]

@@ -61,7 +61,7 @@ name = "runner-test"
 [source]
 bootstrap_servers = "{bootstrap}"
 subscribe = ["{topic}"]
-starting_offsets = "earliest"
+{starting}
 {max_offsets}
 poll_timeout_ms = 20000
 {extra_source}
@@ -79,6 +79,11 @@ path = "{out}"
 [progress]
 file = "{progress}"
 "#,
+            starting = if extra_source.contains("starting_offsets") {
+                ""
+            } else {
+                "starting_offsets = \"earliest\""
+            },
             max_offsets = if extra_source.contains("max_offsets_per_trigger") {
                 ""
             } else {
@@ -435,9 +440,22 @@ pub(crate) fn keep_producing_at(
     pause: std::time::Duration,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<usize> {
+    keep_producing_from(topic, partitions, 0, per_round, pause, stop)
+}
+
+/// [`keep_producing_at`] into partitions that already hold `from` records
+/// each; returns the offset after the last record of each.
+pub(crate) fn keep_producing_from(
+    topic: String,
+    partitions: i32,
+    from: usize,
+    per_round: usize,
+    pause: std::time::Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
     tokio::spawn(async move {
         let p = producer();
-        let mut next = 0;
+        let mut next = from;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             for partition in 0..partitions {
                 let records: Vec<_> =

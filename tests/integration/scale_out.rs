@@ -3,15 +3,16 @@
 //! the jsonl output holds every record exactly once while they are killed,
 //! paused past their session, added and stopped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_tests::kafka::{create_topic, delete_topic};
-use sluice_tests::process::{Running, run, stderr};
+use sluice_tests::kafka::{create_topic, delete_topic, numbered, produce, producer};
+use sluice_tests::process::{Running, eventually, run, sluice, stderr, wait_until};
 
-use crate::runner::{Job, keep_producing_at};
+use crate::runner::{Job, keep_producing_at, keep_producing_from};
 
 /// The `[source]` lines of a query in group mode.
 fn group_mode(group: &str) -> String {
@@ -21,20 +22,17 @@ fn group_mode(group: &str) -> String {
     )
 }
 
-/// Waits until the output holds `per_partition` records of each of
-/// `partitions`, or 120 s have passed.
-async fn wait_for_output(job: &Job, partitions: i64, per_partition: i64) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while Instant::now() < deadline {
-        if job.output().len() as i64 >= partitions * per_partition {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+/// Waits until the output holds `records` records, or 120 s have passed.
+async fn wait_for_output(job: &Job, records: i64) {
+    eventually(Duration::from_secs(120), || {
+        job.output().len() as i64 >= records
+    })
+    .await;
 }
 
-/// Every record of every partition once, in order: no gap, no duplicate.
-fn assert_exactly_once(job: &Job, partitions: i64, per_partition: i64) {
+/// Every record of every partition once, in order, at exactly `offsets`: no
+/// gap, no duplicate, nothing from before.
+fn assert_exactly_once(job: &Job, partitions: i64, offsets: Range<i64>) {
     let got = job.output();
     let mut seen: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     for (partition, offset, value) in &got {
@@ -42,17 +40,38 @@ fn assert_exactly_once(job: &Job, partitions: i64, per_partition: i64) {
         seen.entry(*partition).or_default().push(*offset);
     }
     for partition in 0..partitions {
-        let offsets = seen.remove(&partition).unwrap_or_default();
-        let duplicates = offsets.windows(2).filter(|w| w[0] == w[1]).count();
+        let got = seen.remove(&partition).unwrap_or_default();
+        let duplicates = got.windows(2).filter(|w| w[0] == w[1]).count();
         assert_eq!(duplicates, 0, "partition {partition} has duplicates");
         assert_eq!(
-            offsets,
-            (0..per_partition).collect::<Vec<_>>(),
-            "partition {partition} holds {} of {per_partition} records",
-            offsets.len()
+            got,
+            offsets.clone().collect::<Vec<_>>(),
+            "partition {partition} holds {} records, of offsets {offsets:?}",
+            got.len()
         );
     }
     assert!(seen.is_empty(), "records of unknown partitions: {seen:?}");
+}
+
+/// The members that wrote output: jsonl files are `batch-<member>.<n>-<id>`.
+fn writers(job: &Job) -> BTreeSet<String> {
+    std::fs::read_dir(job.out())
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            let generation = name.strip_prefix("batch-")?.split('-').next()?.to_owned();
+            Some(generation.split('.').next()?.to_owned())
+        })
+        .collect()
+}
+
+/// Where `needle` first occurs in `log` from `from` on, failing the test
+/// with the log if it does not.
+fn position(log: &str, needle: &str, from: usize) -> usize {
+    log[from..]
+        .find(needle)
+        .map(|at| from + at)
+        .unwrap_or_else(|| panic!("no {needle:?} after byte {from} of the log:\n{log}"))
 }
 
 #[tokio::test]
@@ -105,7 +124,7 @@ async fn members_killed_paused_added_and_removed_keep_the_output_exactly_once() 
     stop.store(true, Ordering::Relaxed);
     let per_partition = producer.await.unwrap() as i64;
     step(&format!("{per_partition} records per partition produced"));
-    wait_for_output(&job, 12, per_partition).await;
+    wait_for_output(&job, 12 * per_partition).await;
     step("caught up; stopping the last member");
     members[3].signal("-TERM");
 
@@ -151,19 +170,12 @@ async fn members_killed_paused_added_and_removed_keep_the_output_exactly_once() 
         "some member settled the killed member's generation"
     );
     // Every member wrote batches of its own: the partitions were shared.
-    let writers: std::collections::BTreeSet<String> = std::fs::read_dir(job.out())
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            let generation = name.strip_prefix("batch-")?.split('-').next()?.to_owned();
-            Some(generation.split('.').next()?.to_owned())
-        })
-        .collect();
+    let writers = writers(&job);
     assert!(
         writers.len() >= 4,
         "each of the 4 members wrote output: {writers:?}"
     );
-    assert_exactly_once(&job, 12, per_partition);
+    assert_exactly_once(&job, 12, 0..per_partition);
     delete_topic(&topic).await;
 }
 
@@ -188,20 +200,17 @@ async fn a_member_that_died_between_its_sink_and_its_commit_is_replayed_by_the_n
 
     // The first member dies right after batch 3 reached the jsonl files and
     // before its commit: its plan is left uncommitted.
-    let mut command = std::process::Command::new(sluice_tests::process::sluice());
+    let mut command = std::process::Command::new(sluice());
     command
         .args(args)
         .env("SLUICE_FAILPOINT", "after_sink_commit:3");
     let mut first = Running::spawn_command(command);
-    // Waited for without blocking the producer, which runs on this thread.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while first.has_exited().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the failpoint did not end the first member"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(
+        "the failpoint ended the first member",
+        Duration::from_secs(60),
+        || first.has_exited().is_some(),
+    )
+    .await;
     let first = first.wait();
     assert!(
         stderr(&first).contains("aborting after the sink committed batch 3"),
@@ -215,7 +224,7 @@ async fn a_member_that_died_between_its_sink_and_its_commit_is_replayed_by_the_n
     tokio::time::sleep(Duration::from_secs(15)).await;
     stop.store(true, Ordering::Relaxed);
     let per_partition = producer.await.unwrap() as i64;
-    wait_for_output(&job, 4, per_partition).await;
+    wait_for_output(&job, 4 * per_partition).await;
     second.signal("-TERM");
     let second = second.wait();
     let log = stderr(&second);
@@ -224,7 +233,127 @@ async fn a_member_that_died_between_its_sink_and_its_commit_is_replayed_by_the_n
         log.contains("replaying the batch the generation planned and did not commit"),
         "{log}"
     );
-    assert_exactly_once(&job, 4, per_partition);
+    assert_exactly_once(&job, 4, 0..per_partition);
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_rebalance_during_a_long_batch_waits_for_the_batch_and_loses_nothing() {
+    let topic = sluice_tests::unique_name("scale_out_long");
+    create_topic(&topic, 4).await;
+    let job = Job::with_cassandra(&topic);
+    let config = job.config_with(
+        &group_mode(&sluice_tests::unique_name("scale_out_long")),
+        "processing_time = \"100ms\"",
+    );
+    let args = ["run", "--config", config.to_str().unwrap()];
+    let stop = Arc::new(AtomicBool::new(false));
+    // 100 records/s: the slow member keeps up with its half of them.
+    let producer = keep_producing_at(
+        topic.clone(),
+        4,
+        5,
+        Duration::from_millis(200),
+        stop.clone(),
+    );
+
+    // Each of this member's batches spends 4 s between its read and its sink.
+    let mut command = std::process::Command::new(sluice());
+    command.args(args).env("SLUICE_FAILPOINT", "slow_sink:4000");
+    let mut slow = Running::spawn_command(command);
+    slow.wait_for_log("is in flight for 4000 ms more", Duration::from_secs(90))
+        .await;
+    // A second member joins while a batch is in flight: the group takes half
+    // of the partitions away from the first in the middle of it.
+    let mut joining = Running::spawn(&args);
+    joining
+        .wait_for_log("generation starts over", Duration::from_secs(90))
+        .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stop.store(true, Ordering::Relaxed);
+    let per_partition = producer.await.unwrap() as i64;
+    wait_for_output(&job, 4 * per_partition).await;
+    slow.signal("-TERM");
+    joining.signal("-TERM");
+    let (slow, joining) = (slow.wait(), joining.wait());
+    let log = stderr(&slow);
+    assert!(slow.status.success(), "{log}");
+    assert!(joining.status.success(), "{}", stderr(&joining));
+
+    // The revocation came inside a batch, which reached its sink and its
+    // commit before the partitions were handed back.
+    let revoked = position(&log, "the group takes partitions away", 0);
+    let began = log[..revoked]
+        .rfind("is in flight for")
+        .expect("a batch began before the revocation");
+    let batch = log[..began]
+        .rsplit_once("batch ")
+        .map(|(_, id)| id.split_whitespace().next().unwrap().to_owned())
+        .unwrap();
+    assert!(
+        !log[began..revoked].contains("reaches its sink"),
+        "batch {batch} was still in flight when the revocation came:\n{log}"
+    );
+    let sunk = position(&log, &format!("batch {batch} reaches its sink"), revoked);
+    position(
+        &log,
+        "generation ended and handed its partitions back",
+        sunk,
+    );
+    assert_eq!(writers(&job).len(), 2, "both members wrote output");
+    assert_exactly_once(&job, 4, 0..per_partition);
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_member_joining_a_running_query_starts_nothing_from_earliest() {
+    let topic = sluice_tests::unique_name("scale_out_fresh");
+    create_topic(&topic, 4).await;
+    // Records from before the query began, which it is told to skip.
+    let before = producer();
+    for partition in 0..4 {
+        produce(&before, &topic, &numbered(partition, "before", 30)).await;
+    }
+    let job = Job::with_cassandra(&topic);
+    let config = job.config_with(
+        &format!(
+            "starting_offsets = \"latest\"\n{}",
+            group_mode(&sluice_tests::unique_name("scale_out_fresh"))
+        ),
+        "processing_time = \"100ms\"",
+    );
+    let args = ["run", "--config", config.to_str().unwrap()];
+    let mut first = Running::spawn(&args);
+    // By now the first member resolved "latest" for the query: offset 30.
+    first
+        .wait_for_log("generation starts over", Duration::from_secs(90))
+        .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = keep_producing_from(
+        topic.clone(),
+        4,
+        30,
+        10,
+        Duration::from_millis(100),
+        stop.clone(),
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut second = Running::spawn(&args);
+    second
+        .wait_for_log("generation starts over", Duration::from_secs(90))
+        .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    stop.store(true, Ordering::Relaxed);
+    let end = producer.await.unwrap() as i64;
+    wait_for_output(&job, 4 * (end - 30)).await;
+    first.signal("-TERM");
+    second.signal("-TERM");
+    for member in [first.wait(), second.wait()] {
+        assert!(member.status.success(), "{}", stderr(&member));
+    }
+    assert_eq!(writers(&job).len(), 2, "both members wrote output");
+    // Nothing before offset 30 in any partition, the joining member's included.
+    assert_exactly_once(&job, 4, 30..end);
     delete_topic(&topic).await;
 }
 

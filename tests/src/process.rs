@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The `sluice` binary, built once per test run.
 pub fn sluice() -> &'static Path {
@@ -42,7 +43,9 @@ pub fn run(args: &[&str]) -> Output {
 /// next log line, which would stop it from doing what the test waits for.
 pub struct Running {
     child: std::process::Child,
-    log: std::thread::JoinHandle<Vec<u8>>,
+    /// What the process wrote to standard error so far.
+    log: Arc<Mutex<Vec<u8>>>,
+    reader: std::thread::JoinHandle<()>,
 }
 
 impl Running {
@@ -61,13 +64,36 @@ impl Running {
             .spawn()
             .expect("starting sluice");
         let mut pipe = child.stderr.take().expect("stderr is piped");
-        let log = std::thread::spawn(move || {
-            let mut log = Vec::new();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let written = log.clone();
+        let reader = std::thread::spawn(move || {
+            let mut chunk = [0u8; 8192];
             // A read error ends the log; what came before it is kept.
-            let _ = std::io::Read::read_to_end(&mut pipe, &mut log);
-            log
+            while let Ok(n @ 1..) = std::io::Read::read(&mut pipe, &mut chunk) {
+                written.lock().unwrap().extend_from_slice(&chunk[..n]);
+            }
         });
-        Running { child, log }
+        Running { child, log, reader }
+    }
+
+    /// What the process wrote to standard error so far.
+    pub fn log_so_far(&self) -> String {
+        String::from_utf8_lossy(&self.log.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the process has logged `needle`, failing the test after
+    /// `timeout` or if the process exits first.
+    pub async fn wait_for_log(&mut self, needle: &str, timeout: Duration) {
+        let found = eventually(timeout, || {
+            self.log_so_far().contains(needle) || self.has_exited().is_some()
+        })
+        .await;
+        let log = self.log_so_far();
+        assert!(
+            found && log.contains(needle),
+            "sluice did not log {needle:?} within {timeout:?} ({:?}):\n{log}",
+            self.has_exited()
+        );
     }
 
     /// The process id, for signals.
@@ -92,13 +118,35 @@ impl Running {
     /// Waits for the process to exit; its stdout is not captured.
     pub fn wait(mut self) -> Output {
         let status = self.child.wait().expect("waiting for sluice");
-        let stderr = self.log.join().expect("the log reader panicked");
+        self.reader.join().expect("the log reader panicked");
+        let stderr = std::mem::take(&mut *self.log.lock().unwrap());
         Output {
             status,
             stdout: Vec::new(),
             stderr,
         }
     }
+}
+
+/// Polls `done` every 50 ms, without blocking other tasks of the test's
+/// runtime (its producer), until it holds or `timeout` passed; whether it held.
+pub async fn eventually(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls `done` as [`eventually`] does and fails the test, naming `what`, if
+/// it does not hold within `timeout`.
+pub async fn wait_until(what: &str, timeout: Duration, done: impl FnMut() -> bool) {
+    assert!(eventually(timeout, done).await, "{what} within {timeout:?}");
 }
 
 /// What a run wrote to standard error.

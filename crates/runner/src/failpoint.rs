@@ -3,6 +3,8 @@
 //! - `after_sink_commit:<batch>` aborts right after the sink made batch `<batch>`
 //!   durable (a Kafka transaction committed) and before the store's commit of it
 //!   is written;
+//! - `slow_sink:<ms>` makes every batch's sink take `<ms>` longer to finish, a
+//!   long batch for a rebalance or a stop to arrive in;
 //! - `before_sink_take_over` stops the process (SIGSTOP) after it claimed the
 //!   query and before the sink fences earlier writers, as a runner paused there
 //!   by the machine would be, until a SIGCONT.
@@ -22,6 +24,8 @@ pub enum Failpoint {
     AfterSinkCommit(BatchId),
     /// Stop the process before the sink's take-over.
     BeforeSinkTakeOver,
+    /// Wait this many milliseconds before each batch's sink finishes.
+    SlowSink(u64),
 }
 
 /// The failpoint the environment sets.
@@ -32,14 +36,14 @@ pub fn from_env() -> anyhow::Result<Failpoint> {
     if value == "before_sink_take_over" {
         return Ok(Failpoint::BeforeSinkTakeOver);
     }
-    value
-        .strip_prefix("after_sink_commit:")
-        .and_then(|b| b.parse::<u64>().ok())
+    let number = |prefix: &str| value.strip_prefix(prefix)?.parse::<u64>().ok();
+    number("after_sink_commit:")
         .map(|batch| Failpoint::AfterSinkCommit(BatchId(batch)))
+        .or_else(|| number("slow_sink:").map(Failpoint::SlowSink))
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "{FAILPOINT_VAR}={value:?}: the failpoints are after_sink_commit:<batch id> and \
-                 before_sink_take_over"
+                "{FAILPOINT_VAR}={value:?}: the failpoints are after_sink_commit:<batch id>, \
+                 slow_sink:<milliseconds> and before_sink_take_over"
             )
         })
 }
@@ -68,6 +72,11 @@ impl<T: ?Sized + Sync, S: Sink<T>> Sink<T> for WithFailpoint<S> {
     }
 
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), S::Error> {
+        if let Failpoint::SlowSink(ms) = self.at {
+            eprintln!("sluice: {FAILPOINT_VAR}: batch {batch} is in flight for {ms} ms more");
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            eprintln!("sluice: {FAILPOINT_VAR}: batch {batch} reaches its sink");
+        }
         self.inner.finish_batch(batch).await?;
         if self.at == Failpoint::AfterSinkCommit(batch) {
             eprintln!("sluice: {FAILPOINT_VAR}: aborting after the sink committed batch {batch}");
