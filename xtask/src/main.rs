@@ -11,6 +11,7 @@
 //!   orders, and `sluice run` on `examples/demo.toml`.
 
 mod bench;
+mod bench_group;
 mod bench_latency;
 mod bench_scale;
 mod cassandra;
@@ -56,6 +57,9 @@ Tasks:
   bench latency [--rates 100,10000,100000] [--seconds N] [--partitions P] [--only NAME]
                 send-to-visible latency with processing_time = \"0s\", to jsonl and to the kafka
                 sink, with both stores, beside Kafka's own latency in the same run
+  bench scale-out [--records N] [--runs R] [--rebalances K]
+                group mode: a CPU-bound SQL transform by 1 and by 2 processes, and the
+                pause of every partition while a third member joins and leaves, per protocol
   bench soak [--batches N] [--store filesystem|cassandra]
                 100,000 tiny batches: batch cost at the start and the end, checkpoint
                 size and RSS over time
@@ -123,6 +127,12 @@ fn run(args: &[String]) -> Result<()> {
                 let args = bench_latency::LatencyArgs::parse(rest)?;
                 with_dev_env(&root, devenv::PLAIN, || {
                     bench_latency::latency(&root, &args)
+                })
+            }
+            Some((mode, rest)) if mode == "scale-out" => {
+                let args = bench_group::ScaleOutArgs::parse(rest)?;
+                with_dev_env(&root, devenv::PLAIN, || {
+                    bench_group::scale_out(&root, &args)
                 })
             }
             Some((mode, rest)) if mode == "soak" => {
