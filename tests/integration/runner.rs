@@ -39,6 +39,13 @@ impl Job {
         }
     }
 
+    /// The `cassandra://` location of a job made by [`Job::with_cassandra`].
+    pub(crate) fn store_location(&self) -> String {
+        let store = self.store.as_deref().expect("a job with a Cassandra store");
+        let (_, rest) = store.split_once("location = \"").unwrap();
+        rest.split('"').next().unwrap().to_owned()
+    }
+
     pub(crate) fn out(&self) -> PathBuf {
         self.dir.path().join("out")
     }

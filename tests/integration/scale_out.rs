@@ -357,6 +357,146 @@ async fn a_member_joining_a_running_query_starts_nothing_from_earliest() {
     delete_topic(&topic).await;
 }
 
+/// `sluice offsets show` of a query, as JSON; `None` while it holds no query.
+fn try_show(location: &str) -> Option<serde_json::Value> {
+    let output = run(&["offsets", "show", "--checkpoint", location]);
+    output
+        .status
+        .success()
+        .then(|| serde_json::from_slice(&output.stdout).unwrap())
+}
+
+/// `sluice offsets show` of a group-mode query, as JSON.
+fn show(location: &str) -> serde_json::Value {
+    try_show(location).unwrap_or_else(|| panic!("sluice offsets show {location} failed"))
+}
+
+/// The `partitions` of a report as (state, committed offset, owner, epoch).
+fn rows(report: &serde_json::Value) -> Vec<(String, i64, Option<String>, Option<i64>)> {
+    report["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row["state"].as_str().unwrap().to_owned(),
+                row["committedOffset"].as_i64().unwrap(),
+                row["owner"].as_str().map(str::to_owned),
+                row["epoch"].as_i64(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_group_mode_query_shows_every_partition_and_moves_only_once_stopped() {
+    let topic = sluice_tests::unique_name("scale_out_offsets");
+    create_topic(&topic, 3).await;
+    let records = producer();
+    for partition in 0..3 {
+        produce(
+            &records,
+            &topic,
+            &numbered(partition, &format!("p{partition}"), 20),
+        )
+        .await;
+    }
+    let job = Job::with_cassandra(&topic);
+    let config = job.config_with(
+        &group_mode(&sluice_tests::unique_name("scale_out_offsets")),
+        "processing_time = \"100ms\"",
+    );
+    let config = config.to_str().unwrap();
+    let location = job.store_location();
+    let member = Running::spawn(&["run", "--config", config]);
+
+    // While it runs: every partition held by its generation, under the epoch
+    // of that generation's log, committed to the end.
+    wait_until(
+        "every partition committed at 20",
+        Duration::from_secs(90),
+        || try_show(&location).is_some_and(|r| rows(&r).iter().all(|(_, at, _, _)| *at == 20)),
+    )
+    .await;
+    let report = show(&location);
+    assert_eq!(report["mode"], "group", "{report:#}");
+    let held = rows(&report);
+    assert_eq!(held.len(), 3, "{report:#}");
+    for (state, _, owner, epoch) in &held {
+        assert_eq!(state, "held", "{report:#}");
+        assert_eq!(owner, &held[0].2, "one generation holds all: {report:#}");
+        assert!(epoch.is_some_and(|e| e >= 1), "{report:#}");
+    }
+    let offsets = format!("{{\"{topic}\":{{\"0\":5}}}}");
+    let set = |config: Option<&str>| {
+        let mut args = vec![
+            "offsets",
+            "set",
+            "--checkpoint",
+            &location,
+            "--offsets",
+            &offsets,
+        ];
+        if let Some(config) = config {
+            args.extend(["--config", config]);
+        }
+        run(&args)
+    };
+    let without_config = set(None);
+    assert_eq!(
+        without_config.status.code(),
+        Some(2),
+        "{}",
+        stderr(&without_config)
+    );
+    assert!(
+        stderr(&without_config).contains("add --config"),
+        "{}",
+        stderr(&without_config)
+    );
+    let running = set(Some(config));
+    assert_eq!(running.status.code(), Some(4), "{}", stderr(&running));
+    assert!(
+        stderr(&running).contains("1 live member(s)"),
+        "{}",
+        stderr(&running)
+    );
+
+    // Stopped: handed back where it committed, and movable.
+    member.signal("-TERM");
+    let stopped = member.wait();
+    assert!(stopped.status.success(), "{}", stderr(&stopped));
+    let handed_back = rows(&show(&location));
+    assert!(
+        handed_back
+            .iter()
+            .all(|row| row == &("handed back".to_owned(), 20, None, None)),
+        "{handed_back:?}"
+    );
+    let moved = set(Some(config));
+    assert!(moved.status.success(), "{}", stderr(&moved));
+    let after = rows(&show(&location));
+    assert_eq!(after[0].1, 5, "{after:?}");
+    assert_eq!((after[1].1, after[2].1), (20, 20), "{after:?}");
+
+    // The next member reads partition 0 again from offset 5.
+    let again = Running::spawn(&["run", "--config", config]);
+    wait_for_output(&job, 60 + 15).await;
+    again.signal("-TERM");
+    let again = again.wait();
+    assert!(again.status.success(), "{}", stderr(&again));
+    let output = job.output();
+    let twice = |p: i64, o: i64| {
+        output
+            .iter()
+            .filter(|(q, at, _)| (*q, *at) == (p, o))
+            .count()
+    };
+    assert_eq!(output.len(), 75, "{output:?}");
+    assert!((5..20).all(|o| twice(0, o) == 2) && (0..5).all(|o| twice(0, o) == 1));
+    delete_topic(&topic).await;
+}
+
 #[test]
 fn group_mode_needs_the_cassandra_store_and_a_group() {
     let job = Job::new("scale_out_refused");

@@ -29,6 +29,7 @@ pub struct CassandraDirectory {
     take_released: PreparedStatement,
     take_held: PreparedStatement,
     hand_back: PreparedStatement,
+    move_released: PreparedStatement,
 }
 
 /// One row as read: topic, partition, owner, start, query id, initial offsets.
@@ -115,6 +116,11 @@ impl CassandraDirectory {
              topic = ? AND partition = ? IF owner = ?"
         ))
         .await?;
+        let move_released = prepare(format!(
+            "UPDATE {ks}.{PARTITIONS_TABLE} SET start_offset = ? WHERE query = ? AND topic = ? AND \
+             partition = ? IF owner = null AND start_offset = ?"
+        ))
+        .await?;
         Ok(CassandraDirectory {
             session,
             location,
@@ -124,7 +130,64 @@ impl CassandraDirectory {
             take_released,
             take_held,
             hand_back,
+            move_released,
         })
+    }
+
+    /// The directory of a query as it is now, read without creating any
+    /// schema; `None` when the query never ran in group mode.
+    pub async fn inspect(
+        location: CassandraLocation,
+        options: CassandraOptions,
+    ) -> Result<Option<Directory>, CassandraStoreError> {
+        let options = CassandraOptions {
+            create_schema: false,
+            replication: None,
+            ..options
+        };
+        let directory = CassandraDirectory::open(location, options)
+            .await?
+            .read()
+            .await?;
+        Ok(directory.origin.is_some().then_some(directory))
+    }
+
+    /// Makes the next holder of `partition` start at `to`, for an operator
+    /// moving a stopped query. Only a partition nobody holds moves: `expected`
+    /// is its row as read, `None` for a partition never held. False when the
+    /// row changed since it was read (a member started).
+    pub async fn move_released(
+        &mut self,
+        partition: &TopicPartition,
+        expected: Option<&DirectoryEntry>,
+        to: Offset,
+    ) -> Result<bool, CassandraStoreError> {
+        let what = format!("moving {} to offset {to}", self.entry(partition));
+        let (query, topic, number) = (&self.location.query, &partition.topic, partition.partition);
+        let result = match expected {
+            None => {
+                self.session
+                    .execute_unpaged(
+                        &self.take_new,
+                        (query, topic, number, None::<&str>, to.value()),
+                    )
+                    .await
+            }
+            Some(DirectoryEntry {
+                owner: None,
+                start: was,
+            }) => {
+                self.session
+                    .execute_unpaged(
+                        &self.move_released,
+                        (to.value(), query, topic, number, was.value()),
+                    )
+                    .await
+            }
+            Some(DirectoryEntry { owner: Some(_), .. }) => return Ok(false),
+        }
+        .map_err(query_error(what.clone()))?;
+        was_applied(result, &what)
     }
 
     fn entry(&self, partition: &TopicPartition) -> String {

@@ -31,4 +31,6 @@ pub use directory::{CassandraDirectory, PARTITIONS_TABLE};
 pub use error::{CassandraStoreError, DriverError};
 pub use location::CassandraLocation;
 pub use sink::{CassandraSink, CassandraSinkConfig, Field};
-pub use store::{CassandraOptions, CassandraStore, LOG_TABLE, OFFSETS_TABLE, STATE_TABLE};
+pub use store::{
+    CassandraOptions, CassandraStore, InspectedLog, LOG_TABLE, OFFSETS_TABLE, STATE_TABLE,
+};

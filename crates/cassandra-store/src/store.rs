@@ -138,6 +138,18 @@ const STATE_CHUNK_BYTES: usize = 1 << 20;
 /// after its chunks: a file cut short by a crash has chunks but no marker.
 const STATE_COMPLETE: i32 = -1;
 
+/// A query's log as read without claiming it.
+#[derive(Clone, Debug)]
+pub struct InspectedLog {
+    /// The query id.
+    pub query_id: String,
+    /// The epoch of the query's last claim: raised by every runner that
+    /// claims it, and by whoever settles a generation.
+    pub epoch: i64,
+    /// Its plans and commits.
+    pub stored: StoredBatches,
+}
+
 /// The Cassandra offset store of one query, holding its claim (epoch).
 pub struct CassandraStore {
     session: Session,
@@ -252,6 +264,16 @@ impl CassandraStore {
         location: CassandraLocation,
         options: CassandraOptions,
     ) -> Result<Option<(String, StoredBatches)>, CassandraStoreError> {
+        Ok(CassandraStore::inspect_log(location, options)
+            .await?
+            .map(|log| (log.query_id, log.stored)))
+    }
+
+    /// [`CassandraStore::inspect`], with the epoch of the query's last claim.
+    pub async fn inspect_log(
+        location: CassandraLocation,
+        options: CassandraOptions,
+    ) -> Result<Option<InspectedLog>, CassandraStoreError> {
         let inspect_options = CassandraOptions {
             create_schema: false,
             replication: None,
@@ -264,7 +286,11 @@ impl CassandraStore {
         // Loading as the current holder: this store writes nothing.
         store.epoch = epoch;
         store.query_id = id.clone();
-        Ok(Some((id, store.load().await?)))
+        Ok(Some(InspectedLog {
+            query_id: id,
+            epoch,
+            stored: store.load().await?,
+        }))
     }
 
     /// The state files of `operator` of a query and their sizes in bytes, read

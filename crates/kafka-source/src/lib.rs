@@ -32,7 +32,7 @@ pub use config::{
     is_security_option,
 };
 pub use error::KafkaSourceError;
-pub use membership::{GroupConfig, GroupProtocol, KafkaMembership};
+pub use membership::{GroupConfig, GroupProtocol, KafkaMembership, live_members};
 pub use sink::{Delivery, KafkaSink, KafkaSinkConfig};
 
 /// Routes librdkafka's own log lines to `tracing`, and keeps the reason of a

@@ -12,6 +12,7 @@ mod exit;
 mod failpoint;
 mod group;
 mod offsets_cmd;
+mod offsets_group;
 
 use std::io::Write;
 use std::path::PathBuf;

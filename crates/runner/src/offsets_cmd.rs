@@ -9,18 +9,20 @@ use serde_json::{Value, json};
 use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, PartitionOffsets, Recovery,
-    StateFile, StateFileId, StateFileKind, StateGap, StoredBatches, offsets_from_json,
+    BatchCommit, BatchId, BatchMetadata, BatchPlan, Directory, Log, OffsetStore, PartitionOffsets,
+    Recovery, StateFile, StateFileId, StateFileKind, StateGap, StoredBatches, offsets_from_json,
     offsets_to_json, state_files_for,
 };
 
 use crate::exit::Exit;
+use crate::offsets_group;
 
 #[derive(Subcommand)]
 pub enum OffsetsCommand {
     /// Print the query id, the last committed batch and its offsets, and a planned
-    /// but uncommitted batch if there is one, as JSON. Reads only: safe while the
-    /// query runs.
+    /// but uncommitted batch if there is one, as JSON; for a group-mode query,
+    /// every partition's committed offset, the generation holding it and its
+    /// epoch. Reads only: safe while the query runs.
     Show {
         /// A checkpoint directory, or cassandra://host:port/keyspace?query=name.
         #[arg(long)]
@@ -28,11 +30,16 @@ pub enum OffsetsCommand {
     },
     /// Make the next batch start at these offsets (partitions not named keep theirs).
     /// A checkpoint directory held by a runner is refused; a Cassandra query is
-    /// taken over, so a runner still on it is fenced out and stops.
+    /// taken over, so a runner still on it is fenced out and stops. A group-mode
+    /// query must be stopped: no live member in its consumer group.
     Set {
         /// A checkpoint directory, or cassandra://host:port/keyspace?query=name.
         #[arg(long)]
         checkpoint: String,
+        /// A group-mode query's configuration: its consumer group is checked for
+        /// live members first.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Spark's offset JSON, e.g. '{"events":{"0":23,"1":5}}'.
         #[arg(long)]
         offsets: String,
@@ -83,6 +90,14 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
     match command {
         OffsetsCommand::Show { checkpoint } => {
             let location = Location::parse(&checkpoint)?;
+            if let Some((cassandra, directory)) = location.group_mode().await? {
+                let report = offsets_group::show(&checkpoint, cassandra, &directory).await?;
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
+                return Ok(());
+            }
             let (id, stored) = location
                 .inspect()
                 .await?
@@ -100,6 +115,7 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
         }
         OffsetsCommand::Set {
             checkpoint,
+            config,
             offsets,
             replication,
             reset_state,
@@ -108,6 +124,16 @@ pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
                 .context("--offsets must be Spark's offset JSON, like {\"events\":{\"0\":23}}")
                 .map_err(Exit::config)?;
             let location = Location::parse(&checkpoint)?;
+            if let Some((cassandra, directory)) = location.group_mode().await? {
+                return offsets_group::set(
+                    &checkpoint,
+                    cassandra,
+                    &directory,
+                    &target,
+                    config.as_deref(),
+                )
+                .await;
+            }
             let Some((_, before)) = location.inspect().await? else {
                 return Err(Exit::config(anyhow!("{checkpoint} holds no query")));
             };
@@ -397,6 +423,16 @@ impl Location {
             Ok(Location::Directory(PathBuf::from(
                 text.trim_start_matches("file://"),
             )))
+        }
+    }
+
+    /// The location and directory of a group-mode query; `None` for any other.
+    async fn group_mode(&self) -> Result<Option<(&CassandraLocation, Directory)>, Exit> {
+        match self {
+            Location::Directory(_) => Ok(None),
+            Location::Cassandra(location) => Ok(offsets_group::directory_of(location)
+                .await?
+                .map(|directory| (location, directory))),
         }
     }
 
