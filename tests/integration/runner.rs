@@ -144,7 +144,8 @@ file = "{progress}"
         self.dir.path().join("progress.jsonl")
     }
 
-    fn progress(&self) -> Vec<serde_json::Value> {
+    /// The progress reports the job's runs appended, oldest first.
+    pub(crate) fn progress(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(self.progress_file())
             .unwrap_or_default()
             .lines()

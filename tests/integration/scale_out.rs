@@ -13,6 +13,7 @@ use sluice_tests::kafka::{create_topic, delete_topic, numbered, produce, produce
 use sluice_tests::process::{Running, eventually, run, sluice, stderr, wait_until};
 
 use crate::runner::{Job, keep_producing_at, keep_producing_from};
+use crate::status_page::{get, get_json};
 
 /// The `[source]` lines of a query in group mode.
 fn group_mode(group: &str) -> String {
@@ -322,12 +323,17 @@ async fn a_member_joining_a_running_query_starts_nothing_from_earliest() {
         ),
         "processing_time = \"100ms\"",
     );
+    // Each member serves its own status page, on a port of its own.
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("metrics_addr = \"127.0.0.1:0\"\n");
+    std::fs::write(&config, text).unwrap();
     let args = ["run", "--config", config.to_str().unwrap()];
     let mut first = Running::spawn(&args);
     // By now the first member resolved "latest" for the query: offset 30.
     first
         .wait_for_log("generation starts over", Duration::from_secs(90))
         .await;
+    let page = status_address(&mut first).await;
     let stop = Arc::new(AtomicBool::new(false));
     let producer = keep_producing_from(
         topic.clone(),
@@ -343,6 +349,33 @@ async fn a_member_joining_a_running_query_starts_nothing_from_earliest() {
         .wait_for_log("generation starts over", Duration::from_secs(90))
         .await;
     tokio::time::sleep(Duration::from_secs(6)).await;
+    // The first member's page outlived its first generation and shows its
+    // newest one, over half the partitions.
+    let member = get_json(&page, "/api/about")["runId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until(
+        "the first member reports a batch over 2 partitions",
+        Duration::from_secs(30),
+        || {
+            let newest = get_json(&page, "/api/progress?last=1");
+            let group = &newest[0]["group"];
+            group["member"] == member.as_str()
+                && group["partitions"][&topic].as_array().map(Vec::len) == Some(2)
+        },
+    )
+    .await;
+    let (code, metrics) = get(&page, "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains(&format!("sluice_group_partitions{{member=\"{member}\"}} 2")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("sluice_group_generation{{member=\"{member}\"}}")),
+        "{metrics}"
+    );
     stop.store(true, Ordering::Relaxed);
     let end = producer.await.unwrap() as i64;
     wait_for_output(&job, 4 * (end - 30)).await;
@@ -354,7 +387,68 @@ async fn a_member_joining_a_running_query_starts_nothing_from_earliest() {
     assert_eq!(writers(&job).len(), 2, "both members wrote output");
     // Nothing before offset 30 in any partition, the joining member's included.
     assert_exactly_once(&job, 4, 30..end);
+    assert_reports_name_their_member(&job, 2);
     delete_topic(&topic).await;
+}
+
+/// The address `member` serves its status page on, from its log.
+async fn status_address(member: &mut Running) -> String {
+    let needle = "serving the status page on http://";
+    member.wait_for_log(needle, Duration::from_secs(30)).await;
+    let log = member.log_so_far();
+    let from = log.find(needle).unwrap() + needle.len();
+    log[from..from + log[from..].find('/').unwrap()].to_owned()
+}
+
+/// Checks that every progress report of `job` names its member, its
+/// generation and the partitions it holds, that a report covers only those
+/// partitions, and that `members` members reported.
+fn assert_reports_name_their_member(job: &Job, members: usize) {
+    let reports = job.progress();
+    let mut reporting = BTreeSet::new();
+    for report in &reports {
+        let group = &report["group"];
+        let member = group["member"].as_str().expect("a member in every report");
+        let generation = group["generation"].as_str().unwrap();
+        assert!(
+            generation.starts_with(&format!("{member}.")),
+            "{generation} is a generation of {member}"
+        );
+        let held: BTreeSet<(String, i64)> = group["partitions"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .flat_map(|(topic, ps)| {
+                ps.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| (topic.clone(), p.as_i64().unwrap()))
+            })
+            .collect();
+        let read: BTreeSet<(String, i64)> = report["sources"][0]["endOffset"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .flat_map(|(topic, ps)| {
+                ps.as_object()
+                    .unwrap()
+                    .keys()
+                    .map(|p| (topic.clone(), p.parse().unwrap()))
+            })
+            .collect();
+        assert_eq!(
+            read, held,
+            "a report covers its generation's partitions: {report}"
+        );
+        if report["numInputRows"].as_u64() > Some(0) {
+            reporting.insert(member.to_owned());
+        }
+    }
+    assert_eq!(
+        reporting.len(),
+        members,
+        "members that reported rows: {reporting:?}"
+    );
 }
 
 /// `sluice offsets show` of a query, as JSON; `None` while it holds no query.

@@ -15,7 +15,7 @@ use crate::runner::Job;
 const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// One GET over a fresh connection: the status code and the body.
-fn get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) fn get(addr: &str, path: &str) -> (u16, String) {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -32,7 +32,7 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     (code, body.to_owned())
 }
 
-fn get_json(addr: &str, path: &str) -> Value {
+pub(crate) fn get_json(addr: &str, path: &str) -> Value {
     let (code, body) = get(addr, path);
     assert_eq!(code, 200, "{path}: {body}");
     serde_json::from_str(&body).unwrap()

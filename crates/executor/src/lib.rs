@@ -33,7 +33,7 @@ mod trigger;
 pub use error::{ExecutorError, Retried};
 pub use group::{Generations, GroupErrorOf, GroupQuery, GroupQueryError, GroupSummary};
 pub use progress::{
-    DurationMs, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
+    DurationMs, GroupProgress, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
 };
 pub use query::{DEFAULT_POLLING_DELAY, Query, QueryError, QueryOptions, RunSummary};
 pub use retry::{GaveUp, RetryPolicy};

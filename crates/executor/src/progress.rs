@@ -44,6 +44,49 @@ pub struct QueryProgress {
     pub sources: Vec<SourceProgress>,
     /// The sink.
     pub sink: SinkProgress,
+    /// Which member of a group-mode query made the report, and over which
+    /// partitions; absent outside group mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupProgress>,
+}
+
+/// A group-mode member's part of a progress report: each member reports only
+/// its own partitions, so a reader needs to know whose report it is.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupProgress {
+    /// The member, unique to one process of the query.
+    pub member: String,
+    /// The member's current generation, which names its batch log and output.
+    pub generation: String,
+    /// The partitions the generation holds, per topic.
+    pub partitions: BTreeMap<String, Vec<i32>>,
+}
+
+impl GroupProgress {
+    /// The report part of `generation` of `member` over `partitions`.
+    pub fn new<'a>(
+        member: impl Into<String>,
+        generation: impl Into<String>,
+        partitions: impl IntoIterator<Item = &'a sluice_offsets::TopicPartition>,
+    ) -> GroupProgress {
+        let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for tp in partitions {
+            by_topic
+                .entry(tp.topic.clone())
+                .or_default()
+                .push(tp.partition);
+        }
+        for list in by_topic.values_mut() {
+            list.sort_unstable();
+            list.dedup();
+        }
+        GroupProgress {
+            member: member.into(),
+            generation: generation.into(),
+            partitions: by_topic,
+        }
+    }
 }
 
 /// A stateful operator's part of a progress report: Spark's
@@ -264,6 +307,13 @@ impl QueryProgress {
                 ));
             }
         }
+        if let Some(group) = &self.group {
+            let held: usize = group.partitions.values().map(Vec::len).sum();
+            line.push_str(&format!(
+                ", generation {} over {held} partitions",
+                group.generation
+            ));
+        }
         line
     }
 
@@ -337,6 +387,7 @@ fn rate(per_second: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_offsets::TopicPartition;
 
     fn report() -> QueryProgress {
         QueryProgress {
@@ -374,6 +425,7 @@ mod tests {
                 description: "discard".into(),
                 num_output_rows: 10_000,
             },
+            group: None,
         }
     }
 
@@ -406,6 +458,39 @@ mod tests {
             "batch 42: 10,000 rows in 18 ms (2.35M rows/s), behind latest 1,234, wal 0.7 ms, \
              commit 1.1 ms, 12 rows out, 3 bad records, state 1,500 rows, 2 late rows dropped"
         );
+    }
+
+    #[test]
+    fn a_group_member_names_itself_and_its_partitions() {
+        let mut member = report();
+        member.group = Some(GroupProgress::new(
+            "m-1",
+            "m-1.3",
+            &[
+                TopicPartition::new("events", 7),
+                TopicPartition::new("events", 2),
+                TopicPartition::new("audit", 0),
+                TopicPartition::new("events", 2),
+            ],
+        ));
+        let json: Value = serde_json::from_str(&member.to_json()).unwrap();
+        assert_eq!(
+            json["group"],
+            serde_json::json!({
+                "member": "m-1",
+                "generation": "m-1.3",
+                "partitions": {"audit": [0], "events": [2, 7]},
+            })
+        );
+        assert!(
+            member
+                .summary()
+                .ends_with(", generation m-1.3 over 3 partitions"),
+            "{}",
+            member.summary()
+        );
+        let alone: Value = serde_json::from_str(&report().to_json()).unwrap();
+        assert!(alone.get("group").is_none(), "{alone}");
     }
 
     #[test]

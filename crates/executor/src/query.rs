@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::progress::{
-    DurationMs, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
+    DurationMs, GroupProgress, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
     event_time_entry, offsets_value, source_metrics,
 };
 use crate::retry::{Attempt, GaveUp, Next, Part, Reached, Tries};
@@ -138,6 +138,9 @@ pub struct QueryOptions {
     pub retry: RetryPolicy,
     /// What happens to a record the processor cannot process.
     pub on_bad_record: BadRecordPolicy,
+    /// The member and partitions of a group-mode run, which every progress
+    /// report carries.
+    pub group: Option<GroupProgress>,
 }
 
 impl Default for QueryOptions {
@@ -155,6 +158,7 @@ impl Default for QueryOptions {
             sink_description: "sink".to_owned(),
             retry: RetryPolicy::default(),
             on_bad_record: BadRecordPolicy::default(),
+            group: None,
         }
     }
 }
@@ -1218,6 +1222,7 @@ where
                 description: self.options.sink_description.clone(),
                 num_output_rows: output_rows,
             },
+            group: self.options.group.clone(),
         }
     }
 }

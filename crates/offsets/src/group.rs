@@ -41,6 +41,13 @@ impl Generation {
         &self.0
     }
 
+    /// The member that runs the generation: the name up to its number.
+    pub fn member(&self) -> &str {
+        self.0
+            .rsplit_once('.')
+            .map_or(&self.0, |(member, _)| member)
+    }
+
     /// The name of this generation's batch log among the store's queries: the
     /// query's name, a slash and the generation, so that every log of a query
     /// sorts beside it.
@@ -348,6 +355,8 @@ mod tests {
         let generation = Generation::new("3f2a", 7);
         assert_eq!(generation.as_str(), "3f2a.7");
         assert_eq!(generation.log_name("orders"), "orders/3f2a.7");
+        assert_eq!(generation.member(), "3f2a");
+        assert_eq!(Generation::new("host.a", 12).member(), "host.a");
     }
 
     #[test]

@@ -28,6 +28,12 @@ pub(crate) struct InGroup {
     /// Whether the run only recovers: it replays what the generation planned
     /// and did not commit, and stops (settling it).
     pub(crate) recovery_only: bool,
+    /// The process's status page, served from the first generation on and
+    /// shared by all of them, since the address and the metrics recorder can
+    /// be taken only once.
+    pub(crate) status: Arc<tokio::sync::OnceCell<sluice_status::Status>>,
+    /// The member's store, as its status page names it.
+    pub(crate) store: String,
 }
 
 /// A generation that failed, with the exit code it ends the process with.
@@ -113,6 +119,7 @@ pub(crate) async fn run(
         settings: Arc::new(settings),
         location: location.clone(),
         options,
+        status: Arc::default(),
     };
     let mut query = GroupQuery::new(
         location.query.clone(),
@@ -152,6 +159,8 @@ struct RunnerGenerations {
     /// The query's own location: each generation's log is a query beside it.
     location: CassandraLocation,
     options: CassandraOptions,
+    /// The status page, once the first generation serves it.
+    status: Arc<tokio::sync::OnceCell<sluice_status::Status>>,
 }
 
 impl RunnerGenerations {
@@ -217,6 +226,13 @@ impl RunnerGenerations {
             Some(InGroup {
                 generation: generation.clone(),
                 recovery_only,
+                status: self.status.clone(),
+                store: format!(
+                    "cassandra {}/{}, group mode as member {}",
+                    self.location.keyspace,
+                    self.location.query,
+                    generation.member()
+                ),
             }),
         )
         .await?;

@@ -250,6 +250,7 @@ where
         store_description: shown,
         stop,
         recovery_only: group.as_ref().is_some_and(|g| g.recovery_only),
+        shared_status: group.as_ref().map(|g| (g.status.clone(), g.store.clone())),
         generation: group.map(|g| g.generation),
     };
     let Some(processor) = processor else {
@@ -326,6 +327,12 @@ struct Parts {
     /// Whether the run only recovers: it replays what is planned and not
     /// committed, and stops (group mode, settling a generation).
     recovery_only: bool,
+    /// In group mode, the status page every generation of the process
+    /// shares, and the store as it names it.
+    shared_status: Option<(
+        std::sync::Arc<tokio::sync::OnceCell<sluice_status::Status>>,
+        String,
+    )>,
 }
 
 impl Parts {
@@ -476,9 +483,25 @@ where
         source,
         store_description,
         stop,
-        generation: _,
+        generation,
         recovery_only,
+        shared_status,
     } = parts;
+    let group = generation.map(|generation| {
+        // A generation's settings assign exactly the partitions it holds.
+        let held: Vec<sluice_offsets::TopicPartition> = match &settings.kafka.selection {
+            sluice_kafka_source::TopicSelection::Assign(topics) => topics
+                .iter()
+                .flat_map(|(topic, partitions)| {
+                    partitions
+                        .iter()
+                        .map(|p| sluice_offsets::TopicPartition::new(topic.as_str(), *p))
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        sluice_executor::GroupProgress::new(generation.member(), generation.as_str(), &held)
+    });
     let options = QueryOptions {
         name: settings.name.clone(),
         trigger: settings.trigger,
@@ -492,6 +515,7 @@ where
         sink_description: sink_description.clone(),
         retry: settings.retry,
         on_bad_record: settings.processing.on_bad_record,
+        group: group.clone(),
     };
     let mut progress_file = match &settings.progress.file {
         Some(path) => Some(
@@ -522,8 +546,8 @@ where
     if recovery_only {
         query = query.recovery_only();
     }
-    let status = match metrics_addr {
-        Some(addr) => {
+    let status = match (metrics_addr, shared_status) {
+        (Some(addr), None) => {
             let status = serve_status(
                 sluice_status::About {
                     run_id: query.run_id().to_owned(),
@@ -534,7 +558,24 @@ where
             .await?;
             Some(status)
         }
-        None => None,
+        // Each generation is a run of its own; the page is the member's, so
+        // it names the member where a run's id would be.
+        (Some(addr), Some((shared, store))) => {
+            let about = sluice_status::About {
+                run_id: group
+                    .as_ref()
+                    .map_or_else(String::new, |g| g.member.clone()),
+                store,
+                ..about
+            };
+            Some(
+                shared
+                    .get_or_try_init(|| serve_status(about, addr))
+                    .await?
+                    .clone(),
+            )
+        }
+        (None, _) => None,
     };
     let on_progress = |progress: &QueryProgress| {
         // One short line for people; the whole report where machines read logs.
@@ -673,6 +714,20 @@ fn record_metrics(progress: &QueryProgress) {
             .increment(operator.num_rows_dropped_by_watermark);
         metrics::histogram!("sluice_state_commit_ms", "operator" => name)
             .record(operator.commit_time_ms as f64);
+    }
+    // One member per process, so the label's cardinality is one.
+    if let Some(group) = &progress.group {
+        let held: usize = group.partitions.values().map(Vec::len).sum();
+        metrics::gauge!("sluice_group_partitions", "member" => group.member.clone())
+            .set(held as f64);
+        if let Some(number) = group
+            .generation
+            .rsplit_once('.')
+            .and_then(|(_, n)| n.parse::<u64>().ok())
+        {
+            metrics::gauge!("sluice_group_generation", "member" => group.member.clone())
+                .set(number as f64);
+        }
     }
     if let Some(event_time) = &progress.event_time
         && let Some(watermark) = event_time.get("watermark")
@@ -930,6 +985,7 @@ mod tests {
                 description: "jsonl".to_owned(),
                 num_output_rows: 100,
             },
+            group: None,
         }
     }
 
