@@ -21,7 +21,7 @@ use sluice_tests::process::{Lcg, Running, run, sluice, stderr, wait_until};
 use crate::runner::{Job, keep_producing};
 
 /// Points a job's config at `out_topic` through the exactly-once kafka sink.
-fn to_kafka(config: &Path, job: &Job, out_topic: &str, extra: &str) {
+pub(crate) fn to_kafka(config: &Path, job: &Job, out_topic: &str, extra: &str) {
     let text = std::fs::read_to_string(config).unwrap();
     let jsonl = format!("type = \"jsonl\"\npath = \"{}\"", job.out().display());
     assert!(text.contains(&jsonl), "{text}");

@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_tests::kafka::{create_topic, delete_topic, numbered, produce, producer};
-use sluice_tests::process::{Running, eventually, run, sluice, stderr, wait_until};
+use sluice_tests::process::{Lcg, Running, eventually, run, sluice, stderr, wait_until};
 
+use crate::exactly_once::{committed_positions, positions, to_kafka};
 use crate::runner::{Job, keep_producing_at, keep_producing_from};
 use crate::status_page::{get, get_json};
 
@@ -181,26 +182,127 @@ async fn members_killed_paused_added_and_removed_keep_the_output_exactly_once() 
 }
 
 #[tokio::test]
-async fn a_member_that_died_between_its_sink_and_its_commit_is_replayed_by_the_next() {
-    let topic = sluice_tests::unique_name("scale_out_replay");
-    create_topic(&topic, 4).await;
+async fn group_mode_into_kafka_is_exactly_once_through_kills_and_a_pause() {
+    let topic = sluice_tests::unique_name("scale_out_eos");
+    let out_topic = sluice_tests::unique_name("scale_out_eosout");
+    create_topic(&topic, 6).await;
+    create_topic(&out_topic, 3).await;
     let job = Job::with_cassandra(&topic);
     let config = job.config_with(
-        &group_mode(&sluice_tests::unique_name("scale_out_replay")),
+        &group_mode(&sluice_tests::unique_name("scale_out_eos")),
         "processing_time = \"100ms\"",
     );
+    to_kafka(&config, &job, &out_topic, "");
     let args = ["run", "--config", config.to_str().unwrap()];
     let stop = Arc::new(AtomicBool::new(false));
     let producer = keep_producing_at(
         topic.clone(),
+        6,
+        10,
+        Duration::from_millis(50),
+        stop.clone(),
+    );
+    let began = Instant::now();
+    let step = |what: &str| println!("{:>6.1} s: {what}", began.elapsed().as_secs_f64());
+    let mut steady: Vec<Running> = (0..2).map(|_| Running::spawn(&args)).collect();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // Members that join and die at random moments: each leaves a generation,
+    // often with a transaction open or a batch planned, for the others to
+    // settle under that generation's transactional id.
+    let mut random = Lcg::from_clock("group mode into kafka");
+    let mut killed = Vec::new();
+    for kill in 0..5 {
+        let mut member = Running::spawn(&args);
+        // Long enough, mostly, to have joined and begun a generation.
+        let lifetime = 4_000 + random.next_below(8_000);
+        tokio::time::sleep(Duration::from_millis(lifetime)).await;
+        assert!(member.has_exited().is_none(), "member {kill} exited early");
+        step(&format!("killing joined member {kill} after {lifetime} ms"));
+        member.signal("-KILL");
+        killed.push(stderr(&member.wait()));
+    }
+    // A steady member paused past its session: the other settles its
+    // generation, which fences its producer and its log.
+    step("pausing steady member 0");
+    steady[0].signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    steady[0].signal("-CONT");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let produced = producer.await.unwrap();
+    step(&format!("{produced} records per partition produced"));
+    let want = positions(&topic, 6, produced);
+    let mut got = committed_positions(&out_topic, want.len()).await;
+    for _ in 0..6 {
+        if got.len() >= want.len() {
+            break;
+        }
+        got = committed_positions(&out_topic, want.len()).await;
+    }
+    step("caught up; stopping the members");
+    for member in &mut steady {
+        if member.has_exited().is_none() {
+            member.signal("-TERM");
+        }
+    }
+    let logs: Vec<(std::process::Output, String)> = steady
+        .drain(..)
+        .map(|member| {
+            let output = member.wait();
+            let log = stderr(&output);
+            (output, log)
+        })
+        .collect();
+    for (i, (_, log)) in logs.iter().enumerate() {
+        std::fs::write(job.out().with_file_name(format!("member-{i}.log")), log).unwrap();
+    }
+    let count = |needle: &str| {
+        logs.iter()
+            .map(|(_, log)| log)
+            .chain(&killed)
+            .map(|log| log.matches(needle).count())
+            .sum::<usize>()
+    };
+    step(&format!(
+        "woken member {:?}; {} generations settled, {} pending batches replayed, {} found in Kafka",
+        logs[0].0.status,
+        count("settling it"),
+        count("replaying the batch the generation planned"),
+        count("the sink already has this batch"),
+    ));
+    let (paused, paused_log) = &logs[0];
+    assert!(
+        paused.status.success()
+            || (paused.status.code() == Some(4) && paused_log.contains("taken over")),
+        "the woken member: {:?}\n{paused_log}",
+        paused.status
+    );
+    assert!(logs[1].0.status.success(), "{}", logs[1].1);
+    assert!(
+        logs.iter().any(|(_, log)| log.contains("settling it")),
+        "a steady member settled a killed member's generation"
+    );
+    crate::exactly_once::assert_exactly_once(&got, &want);
+    let left = generation_groups(&out_topic).await;
+    assert!(left.is_empty(), "offsets groups left behind: {left:?}");
+    delete_topic(&topic).await;
+    delete_topic(&out_topic).await;
+}
+
+/// Runs a member of `config` that aborts right after its sink has batch 3 and
+/// before its commit, then starts a second member, which settles what the
+/// first left, while a producer writes 15 s more to the job's 4 partitions;
+/// returns the records produced per partition and the running second member.
+async fn die_after_sink_then_settle(job: &Job, config: &std::path::Path) -> (usize, Running) {
+    let args = ["run", "--config", config.to_str().unwrap()];
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = keep_producing_at(
+        job.topic.clone(),
         4,
         10,
         Duration::from_millis(50),
         stop.clone(),
     );
-
-    // The first member dies right after batch 3 reached the jsonl files and
-    // before its commit: its plan is left uncommitted.
     let mut command = std::process::Command::new(sluice());
     command
         .args(args)
@@ -218,14 +320,34 @@ async fn a_member_that_died_between_its_sink_and_its_commit_is_replayed_by_the_n
         "{}",
         stderr(&first)
     );
-
-    // The next member settles its generation by replaying that batch, which
-    // rewrites the same file with the same records.
     let second = Running::spawn(&args);
     tokio::time::sleep(Duration::from_secs(15)).await;
     stop.store(true, Ordering::Relaxed);
-    let per_partition = producer.await.unwrap() as i64;
-    wait_for_output(&job, 4 * per_partition).await;
+    (producer.await.unwrap(), second)
+}
+
+/// The offsets groups of generations whose exactly-once sink writes to `out_topic`.
+async fn generation_groups(out_topic: &str) -> Vec<String> {
+    let infix = format!("-{out_topic}-");
+    tokio::task::spawn_blocking(move || {
+        let client: rdkafka::consumer::BaseConsumer =
+            sluice_tests::kafka::client_config().create().unwrap();
+        let list =
+            rdkafka::consumer::Consumer::fetch_group_list(&client, None, Duration::from_secs(10))
+                .unwrap();
+        list.groups()
+            .iter()
+            .map(|g| g.name().to_owned())
+            .filter(|name| name.contains(&infix))
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
+/// Stops the member that settled a dead one, checks that it replayed the
+/// dead one's pending batch, and returns its log.
+fn stop_the_settler(second: Running) -> String {
     second.signal("-TERM");
     let second = second.wait();
     let log = stderr(&second);
@@ -234,8 +356,60 @@ async fn a_member_that_died_between_its_sink_and_its_commit_is_replayed_by_the_n
         log.contains("replaying the batch the generation planned and did not commit"),
         "{log}"
     );
-    assert_exactly_once(&job, 4, 0..per_partition);
+    log
+}
+
+#[tokio::test]
+async fn a_member_that_died_between_its_sink_and_its_commit_is_replayed_by_the_next() {
+    let topic = sluice_tests::unique_name("scale_out_replay");
+    create_topic(&topic, 4).await;
+    let job = Job::with_cassandra(&topic);
+    let config = job.config_with(
+        &group_mode(&sluice_tests::unique_name("scale_out_replay")),
+        "processing_time = \"100ms\"",
+    );
+    // The replay rewrites batch 3's file with the same records.
+    let (per_partition, second) = die_after_sink_then_settle(&job, &config).await;
+    wait_for_output(&job, 4 * per_partition as i64).await;
+    stop_the_settler(second);
+    assert_exactly_once(&job, 4, 0..per_partition as i64);
     delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_member_that_died_after_its_kafka_transaction_is_settled_with_its_commit_only() {
+    let topic = sluice_tests::unique_name("scale_out_txn");
+    let out_topic = sluice_tests::unique_name("scale_out_txnout");
+    create_topic(&topic, 4).await;
+    create_topic(&out_topic, 2).await;
+    let job = Job::with_cassandra(&topic);
+    let config = job.config_with(
+        &group_mode(&sluice_tests::unique_name("scale_out_txn")),
+        "processing_time = \"100ms\"",
+    );
+    to_kafka(&config, &job, &out_topic, "");
+    // The settling member finds batch 3 in the generation's offsets group, so
+    // it writes the store's commit only, under the dead generation's
+    // transactional id, instead of producing the batch a second time.
+    let (per_partition, second) = die_after_sink_then_settle(&job, &config).await;
+    let want = positions(&topic, 4, per_partition);
+    let got = committed_positions(&out_topic, want.len()).await;
+    assert!(
+        !generation_groups(&out_topic).await.is_empty(),
+        "the live generation's sink commits offsets to a group of its own"
+    );
+    let log = stop_the_settler(second);
+    // The dead generation's group went when it was settled, the live one's
+    // when it handed its partitions back at the stop.
+    let left = generation_groups(&out_topic).await;
+    assert!(left.is_empty(), "offsets groups left behind: {left:?}");
+    assert!(
+        log.contains("the sink already has this batch; writing its commit only"),
+        "{log}"
+    );
+    crate::exactly_once::assert_exactly_once(&got, &want);
+    delete_topic(&topic).await;
+    delete_topic(&out_topic).await;
 }
 
 #[tokio::test]

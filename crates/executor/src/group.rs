@@ -61,9 +61,12 @@ pub trait Generations: Send {
         generation: &Generation,
     ) -> impl Future<Output = Result<StoredBatches, Self::Error>> + Send;
 
-    /// Removes the log of a generation whose partitions were handed back.
+    /// Removes the log of a generation of the query `query_id` whose
+    /// partitions were handed back, and whatever else the generation kept
+    /// (an exactly-once sink's offsets group).
     fn remove(
         &mut self,
+        query_id: &str,
         generation: &Generation,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
@@ -242,7 +245,10 @@ where
             // Handed back even when stopping: the next holder starts at once
             // instead of settling this generation.
             let mut never = never_stopped();
-            match self.hand_back(&generation, &stored, &mut never).await {
+            match self
+                .hand_back(&origin.query_id, &generation, &stored, &mut never)
+                .await
+            {
                 Err(GroupQueryError::Unsettled(unsettled)) => {
                     // Stopped inside a batch, as when a plan's write was being
                     // retried: its batch is replayed as anyone's would be.
@@ -482,7 +488,7 @@ where
                 return Ok(false);
             }
         };
-        self.hand_back(holder, &stored, stop).await?;
+        self.hand_back(query_id, holder, &stored, stop).await?;
         Ok(true)
     }
 
@@ -490,6 +496,7 @@ where
     /// removes its log.
     async fn hand_back(
         &mut self,
+        query_id: &str,
         generation: &Generation,
         stored: &StoredBatches,
         stop: &mut watch::Receiver<bool>,
@@ -510,9 +517,9 @@ where
         let removed = retried!(
             self.retry,
             stop,
-            "removing a generation's log",
+            "removing what a generation kept",
             G::is_transient,
-            generations.remove(generation)
+            generations.remove(query_id, generation)
         );
         // Nothing reads the log once its partitions are handed back; another
         // member that settled the same generation at the same moment may have
@@ -520,7 +527,7 @@ where
         match removed {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
-                tracing::warn!(%error, %generation, "removing the generation's log failed; it is left in the store");
+                tracing::warn!(%error, %generation, "removing what the generation kept (its log, its sink's offsets group) failed; it is left behind");
             }
             Err(what) => return Err(GroupQueryError::Stopped { what }),
         }

@@ -196,7 +196,7 @@ impl Generations for TestGenerations {
         Ok(log)
     }
 
-    async fn remove(&mut self, generation: &Generation) -> Result<(), TestError> {
+    async fn remove(&mut self, _query_id: &str, generation: &Generation) -> Result<(), TestError> {
         self.record.lock().unwrap().removed.push(generation.clone());
         Ok(())
     }

@@ -135,6 +135,19 @@ struct Transactions {
     offsets: Option<tokio::task::JoinHandle<KafkaResult<()>>>,
 }
 
+/// An admin client of the output cluster, with the sink's security settings.
+fn admin_of(
+    config: &KafkaSinkConfig,
+) -> Result<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>, KafkaSourceError> {
+    security_config(config)
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .create()
+        .map_err(|source| KafkaSourceError::Client {
+            bootstrap: config.bootstrap_servers.clone(),
+            source: Box::new(source),
+        })
+}
+
 /// The group offsets' metadata that names the batch whose transaction wrote them.
 fn batch_marker(batch: BatchId) -> String {
     format!("sluice batch {batch}")
@@ -161,6 +174,30 @@ impl KafkaSink {
     /// A sink for `query_id`, with an idempotent producer (`acks=all`), and for
     /// exactly once a transactional one whose id is [`KafkaSink::transactional_id`].
     pub fn new(config: KafkaSinkConfig, query_id: &str) -> Result<KafkaSink, KafkaSourceError> {
+        let id = Self::transactional_id(query_id, &config.topic);
+        Self::with_transactional_id(config, query_id, id)
+    }
+
+    /// The sink of one generation of a query in group mode: for exactly once,
+    /// its transactional id and offsets group are the generation's
+    /// ([`KafkaSink::generation_transactional_id`]), so that the member that
+    /// settles a dead or paused generation fences that generation's producer
+    /// and finds whether its pending batch reached Kafka, while the live
+    /// members, each in a generation of its own, never fence one another.
+    pub fn for_generation(
+        config: KafkaSinkConfig,
+        query_id: &str,
+        generation: &str,
+    ) -> Result<KafkaSink, KafkaSourceError> {
+        let id = Self::generation_transactional_id(query_id, &config.topic, generation);
+        Self::with_transactional_id(config, query_id, id)
+    }
+
+    fn with_transactional_id(
+        config: KafkaSinkConfig,
+        query_id: &str,
+        id: String,
+    ) -> Result<KafkaSink, KafkaSourceError> {
         Self::check_options(&config)?;
         let client_error = |source| KafkaSourceError::Client {
             bootstrap: config.bootstrap_servers.clone(),
@@ -177,7 +214,6 @@ impl KafkaSink {
         let transactions = match config.delivery {
             Delivery::AtLeastOnce => None,
             Delivery::ExactlyOnce => {
-                let id = Self::transactional_id(query_id, &config.topic);
                 client.set("transactional.id", &id);
                 if !config.client_options.contains_key("retry.backoff.ms") {
                     client.set("retry.backoff.ms", TRANSACTIONAL_RETRY_BACKOFF_MS);
@@ -244,8 +280,7 @@ impl KafkaSink {
     pub async fn check_transaction_timeout(
         config: &KafkaSinkConfig,
     ) -> Result<(), KafkaSourceError> {
-        use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-        use rdkafka::client::DefaultClientContext;
+        use rdkafka::admin::{AdminOptions, ResourceSpecifier};
         if config.delivery != Delivery::ExactlyOnce {
             return Ok(());
         }
@@ -265,13 +300,7 @@ impl KafkaSink {
                 source: Box::new(source),
             }
         };
-        let admin: AdminClient<DefaultClientContext> = security_config(config)
-            .set("bootstrap.servers", &config.bootstrap_servers)
-            .create()
-            .map_err(|source| KafkaSourceError::Client {
-                bootstrap: config.bootstrap_servers.clone(),
-                source: Box::new(source),
-            })?;
+        let admin = admin_of(config)?;
         let (admin, metadata) = off_thread(move || {
             let metadata = admin.inner().fetch_metadata(None, Duration::from_secs(10));
             (admin, metadata)
@@ -311,6 +340,50 @@ impl KafkaSink {
     /// the one before it, and different for every query and topic.
     pub fn transactional_id(query_id: &str, topic: &str) -> String {
         format!("sluice-{query_id}-{topic}")
+    }
+
+    /// The `transactional.id` of an exactly-once sink of `generation` of the
+    /// group-mode query `query_id` writing to `topic`, which is also the group
+    /// its offsets go to.
+    pub fn generation_transactional_id(query_id: &str, topic: &str, generation: &str) -> String {
+        format!("sluice-{query_id}-{topic}-{generation}")
+    }
+
+    /// Deletes the offsets group of `generation`'s exactly-once sink once the
+    /// generation handed its partitions back, when nothing reads it again;
+    /// without this every generation would leave a group behind until the
+    /// broker's `offsets.retention.minutes` expired it. A group already gone
+    /// is no error, since two members may settle one generation at once.
+    pub async fn forget_generation(
+        config: &KafkaSinkConfig,
+        query_id: &str,
+        generation: &str,
+    ) -> Result<(), KafkaSourceError> {
+        use rdkafka::admin::AdminOptions;
+        if config.delivery != Delivery::ExactlyOnce {
+            return Ok(());
+        }
+        let group = Self::generation_transactional_id(query_id, &config.topic, generation);
+        let what = format!("deleting the offsets group {group} of a finished generation");
+        let failed = |source| KafkaSourceError::Kafka {
+            what: what.clone(),
+            source: Box::new(source),
+        };
+        let admin = admin_of(config)?;
+        let results = admin
+            .delete_groups(
+                &[group.as_str()],
+                &AdminOptions::new().request_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .map_err(failed)?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::GroupIdNotFound)) => {}
+                Err((_, code)) => return Err(failed(KafkaError::AdminOp(code))),
+            }
+        }
+        Ok(())
     }
 
     /// Runs a blocking transaction call on the producer off the async threads.

@@ -1138,7 +1138,6 @@ fn settings(config: Config) -> Result<Settings> {
         &kafka,
         &checkpoint,
         trigger,
-        &sink,
         &dead_letters,
     )?;
     Ok(Settings {
@@ -1176,7 +1175,6 @@ fn scale_out(
     kafka: &KafkaSourceConfig,
     checkpoint: &StoreKind,
     trigger: Trigger,
-    sink: &SinkKind,
     dead_letters: &DeadLetters,
 ) -> Result<Option<sluice_kafka_source::GroupProtocol>> {
     use sluice_kafka_source::GroupProtocol;
@@ -1234,15 +1232,6 @@ fn scale_out(
         bail!(
             "source.commit_progress commits to the consumer group, which in group mode belongs to \
              its members: remove it"
-        );
-    }
-    if let SinkKind::Kafka(config) = sink
-        && config.delivery == sluice_kafka_source::Delivery::ExactlyOnce
-    {
-        bail!(
-            "sink.delivery = \"exactly_once\" is not supported with scale_out yet: its \
-             transactional ids would have to follow the partitions; use \"at_least_once\", whose \
-             records carry their input position for deduplication"
         );
     }
     if let DeadLetters::Kafka(config) = dead_letters
@@ -1691,7 +1680,8 @@ mod tests {
             "type = \"jsonl\"\npath = \"/tmp/out\"",
             "type = \"kafka\"\ntopic = \"out\"\ndelivery = \"exactly_once\"",
         );
-        assert!(err(exactly_once).contains("not supported with scale_out yet"));
+        // Each generation has a transactional id of its own (docs/scale-out.md).
+        assert!(parse(&exactly_once).is_ok());
         // Each member serves its own page; on one host, port 0 gives each its own port.
         let served = parse(&config(
             group,

@@ -10,7 +10,8 @@ use sluice_cassandra_store::{
 };
 use sluice_executor::{Generations, GroupQuery, GroupQueryError};
 use sluice_kafka_source::{
-    GroupConfig, GroupProtocol, KafkaMembership, KafkaSource, KafkaSourceError, TopicSelection,
+    GroupConfig, GroupProtocol, KafkaMembership, KafkaSink, KafkaSource, KafkaSourceError,
+    TopicSelection,
 };
 use sluice_offsets::{
     Generation, OffsetStore, PartitionOffsets, Recovery, Source, SpecificOffset, StartingOffsets,
@@ -18,7 +19,7 @@ use sluice_offsets::{
 };
 use tokio::sync::watch;
 
-use crate::config::Settings;
+use crate::config::{Settings, SinkKind};
 use crate::exit::{Classify, Exit};
 
 /// A run that is a generation of a query in group mode.
@@ -337,8 +338,17 @@ impl Generations for RunnerGenerations {
         self.log(location, options).await
     }
 
-    async fn remove(&mut self, generation: &Generation) -> Result<(), GenerationFailed> {
-        let (location, options) = self.log_of("removed", generation);
+    async fn remove(
+        &mut self,
+        query_id: &str,
+        generation: &Generation,
+    ) -> Result<(), GenerationFailed> {
+        if let SinkKind::Kafka(sink) = &self.settings.sink {
+            KafkaSink::forget_generation(sink, query_id, generation.as_str())
+                .await
+                .map_err(from_kafka)?;
+        }
+        let (location, options) = self.log_of(query_id, generation);
         CassandraStore::open(location, options)
             .await
             .map_err(from_cassandra)?

@@ -336,6 +336,23 @@ struct Parts {
 }
 
 impl Parts {
+    /// The `kafka` sink; in group mode, the generation's.
+    async fn kafka_sink(
+        &self,
+        config: sluice_kafka_source::KafkaSinkConfig,
+    ) -> Result<KafkaSink, Exit> {
+        KafkaSink::check_transaction_timeout(&config)
+            .await
+            .map_err(Classify::exit)?;
+        match &self.generation {
+            None => KafkaSink::new(config, &self.query_id),
+            Some(generation) => {
+                KafkaSink::for_generation(config, &self.query_id, generation.as_str())
+            }
+        }
+        .map_err(|e| Exit::config(e.into()))
+    }
+
     /// Runs with the records going to the sink as read.
     async fn records<St>(self, store: St) -> Result<(), Exit>
     where
@@ -355,11 +372,7 @@ impl Parts {
             }
             SinkKind::Kafka(config) => {
                 let description = format!("kafka[{}]", config.topic);
-                KafkaSink::check_transaction_timeout(&config)
-                    .await
-                    .map_err(Classify::exit)?;
-                let sink =
-                    KafkaSink::new(config, &self.query_id).map_err(|e| Exit::config(e.into()))?;
+                let sink = self.kafka_sink(config).await?;
                 self.run(store, PassThrough, sink, dead, description).await
             }
             SinkKind::Cassandra(config) => {
@@ -406,11 +419,7 @@ impl Parts {
             }
             SinkKind::Kafka(config) => {
                 let description = format!("kafka[{}]", config.topic);
-                KafkaSink::check_transaction_timeout(&config)
-                    .await
-                    .map_err(Classify::exit)?;
-                let sink =
-                    KafkaSink::new(config, &self.query_id).map_err(|e| Exit::config(e.into()))?;
+                let sink = self.kafka_sink(config).await?;
                 self.run(store, processor, sink, dead, description).await
             }
             SinkKind::Cassandra(config) => {
