@@ -293,6 +293,15 @@ where
                                 "the group takes partitions away: finishing the batch in flight");
                             revocation = Some(r);
                         }
+                        // The assignment read when the generation began
+                        // already held them: the event was queued before.
+                        Ok(MembershipChange::Assigned(given))
+                            if given.iter().all(|tp| starts.contains_key(tp)) =>
+                        {
+                            tracing::debug!(%generation, assigned = given.len(),
+                                "the group's assignment is the generation's already");
+                            continue;
+                        }
                         Ok(MembershipChange::Assigned(given)) => {
                             tracing::info!(%generation, assigned = given.len(),
                                 "the group gave more partitions: finishing the batch in flight");

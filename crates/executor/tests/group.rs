@@ -202,6 +202,17 @@ impl Generations for TestGenerations {
     }
 }
 
+/// Waits until `n` generations have run, or fails after a second.
+async fn wait_for_runs(record: Arc<Mutex<Record>>, n: usize) {
+    for _ in 0..200 {
+        if record.lock().unwrap().runs.len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("no generation {n}");
+}
+
 #[tokio::test]
 async fn generations_settle_the_dead_hand_back_before_a_revocation_and_resume_where_they_ended() {
     let dead = Generation::from_name("dead.7");
@@ -242,18 +253,7 @@ async fn generations_settle_the_dead_hand_back_before_a_revocation_and_resume_wh
     let (stop, stopped) = watch::channel(false);
     let running = tokio::spawn(async move { query.run(stopped).await });
 
-    let runs = |n: usize| {
-        let record = generations.record.clone();
-        async move {
-            for _ in 0..200 {
-                if record.lock().unwrap().runs.len() >= n {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            panic!("no generation {n}");
-        }
-    };
+    let runs = |n: usize| wait_for_runs(generations.record.clone(), n);
     runs(1).await;
     {
         let record = generations.record.lock().unwrap();
@@ -312,4 +312,42 @@ async fn generations_settle_the_dead_hand_back_before_a_revocation_and_resume_wh
     let summary = running.await.unwrap().unwrap();
     assert_eq!((summary.generations, summary.settled), (2, 1));
     assert!(directory.0.lock().unwrap().holders().is_empty());
+}
+
+#[tokio::test]
+async fn an_assignment_the_generation_already_holds_does_not_restart_it() {
+    let generations = TestGenerations::default();
+    let assignment = Arc::new(Mutex::new(BTreeSet::from([tp(0), tp(1)])));
+    let (changes, changes_in) = mpsc::unbounded_channel();
+    // Queued before the first generation began over both partitions, as the
+    // group's first assignment is.
+    changes
+        .send(MembershipChange::Assigned(BTreeSet::from([tp(0), tp(1)])))
+        .unwrap();
+    let membership = TestMembership {
+        assignment: assignment.clone(),
+        changes: changes_in,
+    };
+    let mut query = GroupQuery::new(
+        "q",
+        membership,
+        MemDirectory::default(),
+        generations.clone(),
+        RetryPolicy::default(),
+    );
+    let (stop, stopped) = watch::channel(false);
+    let running = tokio::spawn(async move { query.run(stopped).await });
+    let runs = |n: usize| wait_for_runs(generations.record.clone(), n);
+    runs(1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(generations.record.lock().unwrap().runs.len(), 1);
+    // A partition it does not hold yet starts the next generation.
+    assignment.lock().unwrap().insert(tp(2));
+    changes
+        .send(MembershipChange::Assigned(BTreeSet::from([tp(2)])))
+        .unwrap();
+    runs(2).await;
+    stop.send(true).unwrap();
+    let summary = running.await.unwrap().unwrap();
+    assert_eq!(summary.generations, 2);
 }
