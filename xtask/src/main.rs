@@ -7,8 +7,9 @@
 //!   denied) before the tests and `spark-compat` after them.
 //! - `spark-compat`: fetch Spark's jars and run the tests in which Spark's own
 //!   checkpoint classes read and write checkpoints beside Sluice.
-//! - `demo [--seconds N]`: the main job end to end: `up`, a producer of sample
-//!   orders, and `sluice run` on `examples/demo.toml`.
+//! - `demo [--seconds N] [--members N]`: the main job end to end: `up`, a
+//!   producer of sample orders, and `sluice run` on `examples/demo.toml`, or
+//!   N processes of `examples/demo-scale-out.toml` sharing one query.
 
 mod bench;
 mod bench_group;
@@ -45,9 +46,11 @@ Tasks:
   test [ARGS]   up --secure, cargo test --workspace [ARGS], then stop what up started
   ci            up, cargo fmt --check, cargo clippy -D warnings, cargo doc, cargo test, spark-compat,
                 then stop what up started
-  demo [--seconds N]
+  demo [--seconds N] [--members N]
                 up, keep producing sample orders to demo-orders, and run sluice on
-                examples/demo.toml (until Ctrl-C, or for N seconds)
+                examples/demo.toml (until Ctrl-C, or for N seconds); with --members,
+                N processes share examples/demo-scale-out.toml in group mode, and
+                with --seconds the last stops half way
   bench [--records N] [--partitions P] [--value-bytes B] [--runs R]
                 Sluice end to end against a plain rdkafka consumer on the same topic;
                 writes target/bench/results.json and docs/benchmarks.md
@@ -173,14 +176,20 @@ fn with_dev_env(
 /// The README's main job: the dev environment, a stream of sample orders, and
 /// `sluice run` on `examples/demo.toml` with its progress in the terminal.
 fn demo(root: &Path, args: &[String]) -> Result<()> {
-    let seconds = match args {
-        [] => None,
-        [flag, n] if flag == "--seconds" => Some(
-            n.parse::<u64>()
-                .with_context(|| format!("--seconds {n:?} is not a number"))?,
-        ),
-        _ => bail!("usage: cargo xtask demo [--seconds N]"),
-    };
+    const USAGE: &str = "usage: cargo xtask demo [--seconds N] [--members N]";
+    let (mut seconds, mut members) = (None, 1);
+    for pair in args.chunks(2) {
+        let [flag, n] = pair else { bail!(USAGE) };
+        let n = n
+            .parse::<u64>()
+            .with_context(|| format!("{flag} {n:?} is not a number"))?;
+        match flag.as_str() {
+            "--seconds" => seconds = Some(n),
+            "--members" if (1..=8).contains(&n) => members = n as usize,
+            "--members" => bail!("--members {n}: give 1 to 8 processes"),
+            _ => bail!(USAGE),
+        }
+    }
     devenv::up(root, devenv::PLAIN)?;
     cargo(
         root,
@@ -203,6 +212,14 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
         .args(["127.0.0.1:9092", "demo-orders", "500"])
         .spawn()
         .context("starting the demo producer")?;
+    if members > 1 {
+        let ran = demo_members(root, &debug, members, seconds);
+        let _ = Command::new("kill")
+            .args(["-INT", &producer.id().to_string()])
+            .status();
+        let _ = producer.wait();
+        return ran;
+    }
     println!("$ sluice run --config examples/demo.toml");
     let mut sluice = Command::new(debug.join("sluice"))
         .args(["run", "--config", "examples/demo.toml"])
@@ -228,6 +245,82 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
         bail!("sluice run failed ({status})");
     }
     Ok(())
+}
+
+/// The scale-out demo: `members` processes of `examples/demo-scale-out.toml`
+/// share one query through the consumer group. With `seconds`, the last one
+/// stops half way, and its partitions move to the others.
+fn demo_members(root: &Path, debug: &Path, members: usize, seconds: Option<u64>) -> Result<()> {
+    const CONFIG: &str = "examples/demo-scale-out.toml";
+    const STORE: &str = "cassandra://127.0.0.1:9042/sluice_demo?query=demo-scale-out";
+    // The producer creates the topic, which each member checks at its start.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let mut running = Vec::new();
+    for member in 1..=members {
+        println!("$ sluice run --config {CONFIG}    # member {member} of {members}");
+        running.push(
+            Command::new(debug.join("sluice"))
+                .args(["run", "--config", CONFIG])
+                .current_dir(root)
+                .spawn()
+                .context("starting sluice")?,
+        );
+    }
+    let signal = |child: &std::process::Child, signal: &str| {
+        let _ = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status();
+    };
+    if let Some(seconds) = seconds {
+        std::thread::sleep(std::time::Duration::from_secs(seconds / 2));
+        println!(
+            "stopping member {members}: it finishes its batch and hands its partitions to the others"
+        );
+        if let Some(last) = running.last() {
+            signal(last, "-TERM");
+        }
+        std::thread::sleep(std::time::Duration::from_secs(seconds - seconds / 2));
+        for child in &running {
+            signal(child, "-INT");
+        }
+    }
+    let mut failed = Vec::new();
+    for (i, mut child) in running.into_iter().enumerate() {
+        let status = child.wait()?;
+        if !status.success() {
+            failed.push(format!("member {} ({status})", i + 1));
+        }
+    }
+    let (files, records) = jsonl_totals(&root.join("target/demo/scale-out"))?;
+    println!(
+        "output: {records} rows in {files} files in target/demo/scale-out/, named \
+         batch-<member>.<generation>-<batch>.jsonl; `target/debug/sluice offsets show \
+         --checkpoint {STORE}` lists who holds which partition; `cargo xtask down` stops Kafka \
+         and Cassandra"
+    );
+    if !failed.is_empty() {
+        bail!("sluice run failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// The jsonl files in `dir` and the rows in them.
+fn jsonl_totals(dir: &Path) -> Result<(usize, usize)> {
+    let (mut files, mut rows) = (0, 0);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok((0, 0));
+    };
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "jsonl") {
+            files += 1;
+            rows += std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .lines()
+                .count();
+        }
+    }
+    Ok((files, rows))
 }
 
 /// Runs the ignored tests of `tests/integration/spark_checkpoint.rs` with Spark's

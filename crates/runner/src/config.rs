@@ -1576,6 +1576,14 @@ mod tests {
         .unwrap();
     }
 
+    #[test]
+    fn the_scale_out_demo_config_is_group_mode_over_cassandra() {
+        let settings = parse(include_str!("../../../examples/demo-scale-out.toml")).unwrap();
+        assert!(settings.scale_out.is_some());
+        assert!(matches!(settings.checkpoint, StoreKind::Cassandra(..)));
+        assert!(settings.progress.metrics_addr.is_some());
+    }
+
     #[tokio::test]
     async fn the_demo_config_decodes_json_and_plans_its_query() {
         let settings = parse(include_str!("../../../examples/demo.toml")).unwrap();

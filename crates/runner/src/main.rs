@@ -159,7 +159,9 @@ fn error_chain(error: &anyhow::Error) -> String {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // The Cassandra driver logs every connection it opens at info, which
+        // says nothing a user acts on; its warnings still show.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,scylla=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
