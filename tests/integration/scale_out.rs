@@ -18,9 +18,22 @@ use crate::status_page::{get, get_json};
 
 /// The `[source]` lines of a query in group mode.
 fn group_mode(group: &str) -> String {
+    group_mode_with(group, "classic")
+}
+
+/// [`group_mode`] with the group protocol `protocol`. KIP-848's `consumer`
+/// protocol takes its session and heartbeat from the broker, and librdkafka
+/// refuses them in the client's configuration.
+fn group_mode_with(group: &str, protocol: &str) -> String {
+    let session = match protocol {
+        "classic" => {
+            "[source.kafka]\n\"session.timeout.ms\" = 10000\n\"heartbeat.interval.ms\" = 1000\n\n"
+        }
+        _ => "",
+    };
     format!(
-        "group_id = \"{group}\"\n\n[source.kafka]\n\"session.timeout.ms\" = 10000\n\
-         \"heartbeat.interval.ms\" = 1000\n\n[scale_out]\nenabled = true\n"
+        "group_id = \"{group}\"\n\n{session}[scale_out]\nenabled = true\n\
+         group_protocol = \"{protocol}\"\n"
     )
 }
 
@@ -482,6 +495,18 @@ async fn a_rebalance_during_a_long_batch_waits_for_the_batch_and_loses_nothing()
 
 #[tokio::test]
 async fn a_member_joining_a_running_query_starts_nothing_from_earliest() {
+    a_member_joins_a_running_query("classic").await;
+}
+
+#[tokio::test]
+async fn a_member_joining_under_the_consumer_protocol_starts_nothing_from_earliest() {
+    a_member_joins_a_running_query("consumer").await;
+}
+
+/// A second member joins a query that started at latest, under `protocol`:
+/// nothing before the start is read, and the first member's page and metrics
+/// follow it into its next generation over half the partitions.
+async fn a_member_joins_a_running_query(protocol: &str) {
     let topic = sluice_tests::unique_name("scale_out_fresh");
     create_topic(&topic, 4).await;
     // Records from before the query began, which it is told to skip.
@@ -493,7 +518,7 @@ async fn a_member_joining_a_running_query_starts_nothing_from_earliest() {
     let config = job.config_with(
         &format!(
             "starting_offsets = \"latest\"\n{}",
-            group_mode(&sluice_tests::unique_name("scale_out_fresh"))
+            group_mode_with(&sluice_tests::unique_name("scale_out_fresh"), protocol)
         ),
         "processing_time = \"100ms\"",
     );
@@ -658,6 +683,17 @@ fn rows(report: &serde_json::Value) -> Vec<(String, i64, Option<String>, Option<
 
 #[tokio::test]
 async fn a_group_mode_query_shows_every_partition_and_moves_only_once_stopped() {
+    shows_every_partition_and_moves_only_once_stopped("classic").await;
+}
+
+#[tokio::test]
+async fn under_the_consumer_protocol_offsets_set_also_waits_for_no_live_member() {
+    shows_every_partition_and_moves_only_once_stopped("consumer").await;
+}
+
+/// `offsets show` and `offsets set` on a group-mode query under `protocol`:
+/// set is refused while a member is live or holds a partition.
+async fn shows_every_partition_and_moves_only_once_stopped(protocol: &str) {
     let topic = sluice_tests::unique_name("scale_out_offsets");
     create_topic(&topic, 3).await;
     let records = producer();
@@ -671,7 +707,7 @@ async fn a_group_mode_query_shows_every_partition_and_moves_only_once_stopped() 
     }
     let job = Job::with_cassandra(&topic);
     let config = job.config_with(
-        &group_mode(&sluice_tests::unique_name("scale_out_offsets")),
+        &group_mode_with(&sluice_tests::unique_name("scale_out_offsets"), protocol),
         "processing_time = \"100ms\"",
     );
     let config = config.to_str().unwrap();

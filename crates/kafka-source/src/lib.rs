@@ -8,6 +8,7 @@
 
 mod client;
 mod config;
+mod describe_group;
 mod discovery;
 mod error;
 mod membership;

@@ -69,8 +69,8 @@ impl GroupConfig {
     }
 }
 
-/// The members the group coordinator knows of for
-/// `group_id` now, as `(member id, client id)`: empty when no process of the
+/// The members the group coordinator knows of for `group_id` now, under
+/// either protocol, as `(member id, client id)`: empty when no process of the
 /// query runs. A blocking call: run it off the async threads.
 pub fn live_members(
     bootstrap_servers: &str,
@@ -81,7 +81,7 @@ pub fn live_members(
     for (key, value) in client_options {
         client.set(key, value);
     }
-    let consumer: BaseConsumer = client
+    let admin: BaseConsumer = client
         .set("bootstrap.servers", bootstrap_servers)
         .set("client.id", "sluice-offsets")
         .create()
@@ -89,19 +89,12 @@ pub fn live_members(
             bootstrap: bootstrap_servers.to_owned(),
             source: Box::new(source),
         })?;
-    let groups = consumer
-        .fetch_group_list(Some(group_id), Duration::from_secs(10))
-        .map_err(|source| KafkaSourceError::Kafka {
+    crate::describe_group::members(admin.client(), group_id, Duration::from_secs(10)).map_err(
+        |problem| KafkaSourceError::Group {
             what: format!("describing consumer group {group_id}"),
-            source: Box::new(source),
-        })?;
-    Ok(groups
-        .groups()
-        .iter()
-        .filter(|g| g.name() == group_id)
-        .flat_map(|g| g.members())
-        .map(|m| (m.id().to_owned(), m.client_id().to_owned()))
-        .collect())
+            problem,
+        },
+    )
 }
 
 enum Event {
