@@ -29,10 +29,11 @@
 //!
 //! So memory is bounded by configuration: the read-ahead, librdkafka's queue
 //! limits (an eighth of a share per partition), what one fetch brings each
-//! partition (`max.partition.fetch.bytes`, its part of `fetch.max.bytes`, at
-//! least 32 KiB), and the fetch in flight (`fetch.max.bytes`). The price is paid
-//! when a partition's share is smaller than what one fetch brings it (at least
-//! one record batch): the rest is dropped and fetched again later.
+//! partition (`max.partition.fetch.bytes`: its part of `fetch.max.bytes`, at
+//! most half its share, at least 16 KiB), and the fetch in flight
+//! (`fetch.max.bytes`). The price is paid when half a partition's share is
+//! smaller than what one fetch brings it (at least one record batch): the rest
+//! is dropped and fetched again later.
 //!
 //! librdkafka does not wake a broker thread that idles for want of fetchable
 //! partitions when one of them resumes; the thread sleeps up to a second. After
@@ -85,7 +86,7 @@ pub(crate) const CHUNK_RECORDS: usize = 1024;
 
 /// The records of a partition's buffer are kept in segments of at most this
 /// many bytes of keys and values, so that memory is given back as a buffer
-/// drains. A segment is a quarter of the partition's share, if that is smaller.
+/// drains. A segment is an eighth of the partition's share, if that is smaller.
 const SEGMENT_BYTES: usize = 16 * 1024;
 
 /// The most messages taken from one partition queue before the next partition's
@@ -327,14 +328,39 @@ fn apply(
 }
 
 /// A partition's records read ahead, in offset order.
-#[derive(Default)]
+///
+/// The buffer is measured by what its records take ([`RecordChunk::footprint`]),
+/// so that a partition pauses when it really holds its share and resumes when
+/// half of that was really taken. Its segments are made with room for a fixed
+/// number of records and bytes and never grow: a segment that grew by doubling
+/// for its last record held a third of what it was counted at, and a buffer
+/// counted half empty was in fact nearly empty, so every partition paused, then
+/// ran dry and waited for its fetch in the same batch. What the segments take
+/// beyond their records is at most the unfilled end of the last one and the
+/// taken front of the first.
 struct Buffer {
     segments: VecDeque<RecordChunk>,
     /// Records of the front segment already taken.
     taken: usize,
-    /// The memory the segments have taken ([`RecordChunk::allocated_bytes`]):
-    /// what the buffer is measured by, so that its share bounds real memory.
+    /// What the records not yet taken take.
     bytes: usize,
+    /// The mean size of this partition's records, in bytes of keys, values and
+    /// headers, and their mean number of headers, from the last segment filled:
+    /// what the next segment is made for.
+    record_bytes: usize,
+    record_headers: usize,
+}
+
+impl Default for Buffer {
+    fn default() -> Buffer {
+        Buffer {
+            segments: VecDeque::new(),
+            taken: 0,
+            bytes: 0,
+            record_bytes: 128,
+            record_headers: 0,
+        }
+    }
 }
 
 impl Buffer {
@@ -350,9 +376,11 @@ impl Buffer {
         let Some(front) = self.segments.front() else {
             return;
         };
+        if let Some(record) = front.get(self.taken) {
+            self.bytes = self.bytes.saturating_sub(record.footprint());
+        }
         self.taken += 1;
         if self.taken >= front.len() {
-            self.bytes = self.bytes.saturating_sub(front.allocated_bytes());
             self.segments.pop_front();
             self.taken = 0;
         }
@@ -365,21 +393,34 @@ impl Buffer {
         include_headers: bool,
         share: usize,
     ) {
-        let segment_bytes = (share / 4).clamp(1024, SEGMENT_BYTES);
+        let headers = include_headers.then(|| message.headers()).flatten();
+        let header_count = headers.as_ref().map_or(0, |h| h.count());
+        let data = message.key().map_or(0, <[u8]>::len)
+            + message.payload().map_or(0, <[u8]>::len)
+            + headers.as_ref().map_or(0, |h| {
+                h.iter()
+                    .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+                    .sum()
+            });
         let room = self
             .segments
             .back()
-            .is_some_and(|s| s.byte_len() < segment_bytes);
+            .is_some_and(|s| s.has_room_for(data, header_count));
         if !room {
-            // Room for records of about 128 bytes; smaller ones grow the entries.
-            let segment = RecordChunk::with_capacity(segment_bytes / 128, segment_bytes);
-            self.bytes += segment.allocated_bytes();
-            self.segments.push_back(segment);
+            if let Some(last) = self.segments.back().filter(|s| !s.is_empty()) {
+                self.record_bytes = (last.byte_len() / last.len()).max(1);
+                let headers: usize = last.iter().map(|r| r.header_count()).sum();
+                self.record_headers = headers.div_ceil(last.len());
+            }
+            let bytes = (share / 8).clamp(1024, SEGMENT_BYTES).max(data);
+            let records = (bytes / self.record_bytes).max(1);
+            let headers = (records * self.record_headers).max(header_count);
+            self.segments
+                .push_back(RecordChunk::with_room(records, bytes, headers));
         }
         if let Some(segment) = self.segments.back_mut() {
-            let before = segment.allocated_bytes();
             push(segment, message, topic, include_headers);
-            self.bytes += segment.allocated_bytes() - before;
+            self.bytes += RecordChunk::footprint(data, header_count);
         }
     }
 
@@ -465,6 +506,8 @@ struct Reading {
 struct Stats {
     /// Messages polled from librdkafka.
     polled: u64,
+    /// Messages fetched and dropped unread at a pause, to be fetched again.
+    dropped: u64,
     /// Partitions unassigned to start over.
     stopped: u64,
     /// Partitions paused for a full buffer, and resumed.
@@ -982,7 +1025,9 @@ impl Reading {
                 // instead of when librdkafka gets to it.
                 for (part, (queue, _)) in self.parts.iter().zip(&self.queues) {
                     if part.fetch == Fetch::Paused && part.full {
-                        while queue.poll(Duration::ZERO).is_some() {}
+                        while queue.poll(Duration::ZERO).is_some() {
+                            self.stats.dropped += 1;
+                        }
                     }
                 }
             }
@@ -1382,9 +1427,9 @@ fn take<M: Message>(
 /// RSS 131-135 MiB against 122-123 MiB with 2 MiB, at the same speed.
 const MAX_SHARE_BYTES: usize = 2 * 1024 * 1024;
 
-/// The least a fetch asks of a partition: two of the Java producer's record
+/// The least a fetch asks of a partition: one of the Java producer's record
 /// batches (`batch.size` 16 KiB).
-const MIN_PARTITION_FETCH_BYTES: usize = 32 * 1024;
+const MIN_PARTITION_FETCH_BYTES: usize = 16 * 1024;
 
 /// Each of `partitions` partitions' share of `read_ahead_bytes`.
 fn share_of(read_ahead_bytes: usize, partitions: usize) -> usize {
@@ -1416,16 +1461,19 @@ fn create_consumer(
     // records per trigger read 2,000,000 records in 12.9 s (its broker thread
     // parsed about thirty times what was kept), and 256 partitions in one batch
     // peaked at 148-165 MiB. So a fetch asks each partition for its part of one
-    // whole fetch (`fetch.max.bytes`), at least two of the Java producer's 16 KiB
-    // record batches: 4.1-4.6 s and 58-64 MiB. A larger record batch still
-    // arrives: librdkafka doubles a partition's limit when a fetch brought it
-    // nothing whole.
+    // whole fetch (`fetch.max.bytes`), and for no more than half its share, which
+    // is the room it has when it resumes, so that what arrives fits; at least one
+    // of the Java producer's 16 KiB record batches: 4.1-4.6 s and 58-64 MiB. A
+    // larger record batch still arrives: librdkafka doubles a partition's limit
+    // when a fetch brought it nothing whole.
     if !options.contains_key("max.partition.fetch.bytes") {
         let fetch = options
             .get("fetch.max.bytes")
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(crate::FETCH_MAX_BYTES);
-        let bytes = (fetch / partitions.max(1)).clamp(MIN_PARTITION_FETCH_BYTES, 1024 * 1024);
+        let bytes = (fetch / partitions.max(1))
+            .min(share / 2)
+            .clamp(MIN_PARTITION_FETCH_BYTES, 1024 * 1024);
         config.set("max.partition.fetch.bytes", bytes.to_string());
     }
     config
@@ -1466,5 +1514,70 @@ fn push<M: Message>(chunk: &mut RecordChunk, message: &M, topic: &Arc<str>, incl
             }),
         ),
         None => chunk.push(topic, parts, std::iter::empty()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::message::OwnedMessage;
+
+    use super::*;
+
+    fn message(offset: i64, value_bytes: usize) -> OwnedMessage {
+        OwnedMessage::new(
+            Some(vec![b'v'; value_bytes]),
+            Some(format!("k{offset}").into_bytes()),
+            "t".to_owned(),
+            Timestamp::CreateTime(offset),
+            0,
+            offset,
+            None,
+        )
+    }
+
+    /// What the buffer's segments took from the allocator.
+    fn allocated(buffer: &Buffer) -> usize {
+        buffer
+            .segments
+            .iter()
+            .map(RecordChunk::allocated_bytes)
+            .sum()
+    }
+
+    #[test]
+    fn a_buffer_counts_what_its_records_take_and_its_segments_hold_about_that() {
+        let share = 32 * 1024;
+        let topic: Arc<str> = Arc::from("t");
+        let mut buffer = Buffer::default();
+        let mut held = VecDeque::new();
+        for offset in 0..2_000 {
+            // Records of varying size, as a partition's are.
+            let m = message(offset, 60 + (offset as usize * 37) % 100);
+            buffer.push(&m, &topic, false, share);
+            held.push_back(RecordChunk::footprint(
+                m.key().unwrap().len() + m.payload().unwrap().len(),
+                0,
+            ));
+            // Take some as batches would, so that segments drain at the front.
+            if offset % 3 == 0 {
+                buffer.pop_front();
+                held.pop_front();
+            }
+            assert_eq!(buffer.bytes, held.iter().sum::<usize>());
+            // Beyond the records, at most the taken front of the first segment
+            // and the unfilled end of the last.
+            let segment = (share / 8) + (share / 8 / 60 + 1) * 64;
+            assert!(
+                allocated(&buffer) <= buffer.bytes + 2 * segment,
+                "{} allocated for {} counted",
+                allocated(&buffer),
+                buffer.bytes
+            );
+        }
+        while !buffer.is_empty() {
+            buffer.pop_front();
+        }
+        assert_eq!(buffer.bytes, 0);
+        assert_eq!(allocated(&buffer), 0);
     }
 }

@@ -84,12 +84,7 @@ pub struct RecordParts<'a> {
 impl RecordChunk {
     /// An empty chunk with room for about `records` records of `bytes` bytes in all.
     pub fn with_capacity(records: usize, bytes: usize) -> RecordChunk {
-        RecordChunk {
-            topics: Vec::new(),
-            entries: Vec::with_capacity(records),
-            headers: Vec::new(),
-            data: Vec::with_capacity(bytes),
-        }
+        RecordChunk::with_room(records, bytes, 0)
     }
 
     /// Copies a record of `topic` into the chunk, with `headers` as (name, value)
@@ -203,6 +198,34 @@ impl RecordChunk {
     /// The bytes of keys, values and headers the chunk holds.
     pub fn byte_len(&self) -> usize {
         self.data.len()
+    }
+
+    /// The memory a record takes in a chunk: `data_bytes` bytes of key, value
+    /// and headers, and its `headers` headers' entries.
+    pub fn footprint(data_bytes: usize, headers: usize) -> usize {
+        data_bytes + std::mem::size_of::<Entry>() + headers * std::mem::size_of::<HeaderEntry>()
+    }
+
+    /// Whether a record of `data_bytes` bytes with `headers` headers fits in the
+    /// memory the chunk has already taken, so that pushing it allocates nothing.
+    /// (A record of a topic the chunk has not seen yet may still grow its list
+    /// of topics by one.)
+    pub fn has_room_for(&self, data_bytes: usize, headers: usize) -> bool {
+        self.entries.len() < self.entries.capacity()
+            && self.data.capacity() - self.data.len() >= data_bytes
+            && self.headers.capacity() - self.headers.len() >= headers
+    }
+
+    /// An empty chunk with room for `records` records, `bytes` bytes of keys,
+    /// values and headers, and `headers` headers, which pushing records within
+    /// that room never grows.
+    pub fn with_room(records: usize, bytes: usize, headers: usize) -> RecordChunk {
+        RecordChunk {
+            topics: Vec::with_capacity(1),
+            entries: Vec::with_capacity(records),
+            headers: Vec::with_capacity(headers),
+            data: Vec::with_capacity(bytes),
+        }
     }
 
     /// The heap memory the chunk has taken, whether it holds records there yet
@@ -320,6 +343,18 @@ impl<'a> RecordRef<'a> {
         self.bytes(self.entry.value)
     }
 
+    /// The memory the record takes in its chunk ([`RecordChunk::footprint`]).
+    pub fn footprint(&self) -> usize {
+        let len = |span: Span| span.range().map_or(0, |r| r.len());
+        let first = self.entry.first_header as usize;
+        let headers = &self.chunk.headers[first..first + self.header_count()];
+        let header_bytes: usize = headers.iter().map(|h| len(h.key) + len(h.value)).sum();
+        RecordChunk::footprint(
+            len(self.entry.key) + len(self.entry.value) + header_bytes,
+            headers.len(),
+        )
+    }
+
     /// How many headers the record has.
     pub fn header_count(&self) -> usize {
         self.entry.header_count as usize
@@ -412,6 +447,40 @@ mod tests {
                 Vec::new()
             },
         }
+    }
+
+    #[test]
+    fn a_chunk_made_with_room_counts_its_records_and_never_grows() {
+        let records: Vec<Record> = (0..8)
+            .map(|o| record("a", 0, o, Some("a value of some bytes")))
+            .collect();
+        let size = |r: &Record| {
+            r.key.as_ref().map_or(0, Vec::len)
+                + r.value.as_ref().map_or(0, Vec::len)
+                + r.headers
+                    .iter()
+                    .map(|h| h.key.len() + h.value.as_ref().map_or(0, Vec::len))
+                    .sum::<usize>()
+        };
+        let bytes: usize = records.iter().map(size).sum();
+        let headers: usize = records.iter().map(|r| r.headers.len()).sum();
+        let mut chunk = RecordChunk::with_room(records.len(), bytes, headers);
+        let allocated = chunk.allocated_bytes();
+        let mut footprints = 0;
+        for r in &records {
+            assert!(chunk.has_room_for(size(r), r.headers.len()));
+            chunk.push_record(r);
+            footprints += RecordChunk::footprint(size(r), r.headers.len());
+        }
+        assert!(!chunk.has_room_for(0, 0), "every entry is taken");
+        assert_eq!(chunk.allocated_bytes(), allocated, "nothing grew");
+        let counted: usize = chunk.iter().map(|r| r.footprint()).sum();
+        assert_eq!(counted, footprints);
+        // What the records take is what the chunk took, but for its topic list.
+        assert_eq!(
+            counted,
+            allocated - std::mem::size_of::<Arc<str>>() * chunk.topics.capacity()
+        );
     }
 
     #[test]
