@@ -367,13 +367,8 @@ suite!(filesystem, FsHarness::new());
 // Every test uses its own query in one shared keyspace, created on first use.
 suite!(cassandra, CassandraHarness::new("sluice_store_suite"));
 
-#[tokio::test]
-async fn cassandra_mirrors_the_latest_committed_offsets_in_plain_columns() {
-    let h = CassandraHarness::new("sluice_store_suite");
-    let mut store = h.open().await.unwrap();
-    for batch in 0..3 {
-        run_batch(&mut store, batch).await;
-    }
+/// The rows of a query's offsets table, each with the batch that wrote it.
+async fn offsets_table(h: &CassandraHarness) -> Vec<(TopicPartition, Offset, i64)> {
     let session = sluice_tests::cassandra_session(&h.location.nodes).await;
     let rows = session
         .query_unpaged(
@@ -384,22 +379,54 @@ async fn cassandra_mirrors_the_latest_committed_offsets_in_plain_columns() {
         .unwrap()
         .into_rows_result()
         .unwrap();
-    let read: PartitionOffsets = rows
-        .rows::<(String, i32, i64, i64)>()
+    rows.rows::<(String, i32, i64, i64)>()
         .unwrap()
         .map(|row| {
             let (topic, partition, offset, batch) = row.unwrap();
-            assert_eq!(batch, 2, "written by the last commit");
             (
                 TopicPartition::new(topic, partition),
                 Offset::new(offset).unwrap(),
+                batch,
             )
         })
-        .collect();
+        .collect()
+}
+
+/// The offsets of `rows`, all of which `batch` must have written.
+fn written_by(rows: &[(TopicPartition, Offset, i64)], batch: i64) -> PartitionOffsets {
+    rows.iter()
+        .map(|(tp, offset, by)| {
+            assert_eq!(*by, batch, "written by batch {batch}: {rows:?}");
+            (tp.clone(), *offset)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn cassandra_mirrors_the_latest_committed_offsets_in_plain_columns() {
+    let h = CassandraHarness::new("sluice_store_suite");
+    let mut store = h.open().await.unwrap();
+    // The first commit writes the table; the next ones within a second wait
+    // for a commit after it, or for the end of the run.
+    for batch in 0..3 {
+        run_batch(&mut store, batch).await;
+    }
     assert_eq!(
-        read,
-        plan(2).end_offsets(),
+        written_by(&offsets_table(&h).await, 0),
+        plan(0).end_offsets(),
         "the next offsets to read, as Kafka commits them"
+    );
+    store.flush().await.unwrap();
+    assert_eq!(
+        written_by(&offsets_table(&h).await, 2),
+        plan(2).end_offsets()
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    run_batch(&mut store, 3).await;
+    assert_eq!(
+        written_by(&offsets_table(&h).await, 3),
+        plan(3).end_offsets(),
+        "a commit a second after the last write writes the table"
     );
 }
 

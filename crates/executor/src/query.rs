@@ -324,7 +324,14 @@ where
         self.reached = Reached::default();
         let mut summary = RunSummary::default();
         match self.run_batches(&mut summary, &mut on_progress).await {
-            Ok(()) => Ok(summary),
+            Ok(()) => {
+                // Derived data only (a mirror of the committed offsets), so a
+                // failure is not the run's.
+                if let Err(e) = self.store.flush().await {
+                    tracing::warn!(error = %e, "writing the store's deferred writes failed");
+                }
+                Ok(summary)
+            }
             Err(ExecutorError::Stopped { what }) => {
                 if self.in_batch {
                     tracing::info!(

@@ -105,6 +105,14 @@ pub trait OffsetStore: Send {
         async { Ok(()) }
     }
 
+    /// Writes what the store keeps off the batch path (the Cassandra store's
+    /// table of latest offsets, refreshed at most once a second). Called when a
+    /// run ends normally; nothing recovery reads may wait for it. The default
+    /// has nothing to write.
+    fn flush(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
+    }
+
     /// Whether `error` may go away by itself (the database restarting, a
     /// timeout), so that the same call is worth trying again. Implementations make
     /// their writes idempotent so that a retried write that had in fact succeeded is
