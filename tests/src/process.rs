@@ -45,7 +45,7 @@ pub struct Running {
     child: std::process::Child,
     /// What the process wrote to standard error so far.
     log: Arc<Mutex<Vec<u8>>>,
-    reader: std::thread::JoinHandle<()>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
@@ -73,7 +73,11 @@ impl Running {
                 written.lock().unwrap().extend_from_slice(&chunk[..n]);
             }
         });
-        Running { child, log, reader }
+        Running {
+            child,
+            log,
+            reader: Some(reader),
+        }
     }
 
     /// What the process wrote to standard error so far.
@@ -118,12 +122,25 @@ impl Running {
     /// Waits for the process to exit; its stdout is not captured.
     pub fn wait(mut self) -> Output {
         let status = self.child.wait().expect("waiting for sluice");
-        self.reader.join().expect("the log reader panicked");
+        if let Some(reader) = self.reader.take() {
+            reader.join().expect("the log reader panicked");
+        }
         let stderr = std::mem::take(&mut *self.log.lock().unwrap());
         Output {
             status,
             stdout: Vec::new(),
             stderr,
+        }
+    }
+}
+
+/// A test that fails while its process runs must not leave the process behind:
+/// it would go on reading and writing beside the tests that follow.
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }
