@@ -412,8 +412,11 @@ impl Buffer {
                 let headers: usize = last.iter().map(|r| r.header_count()).sum();
                 self.record_headers = headers.div_ceil(last.len());
             }
-            let bytes = (share / 8).clamp(1024, SEGMENT_BYTES).max(data);
-            let records = (bytes / self.record_bytes).max(1);
+            let segment = (share / 8).clamp(1024, SEGMENT_BYTES);
+            // A record larger than a segment gets one of its own size, with
+            // entries for the usual number of records only.
+            let bytes = segment.max(data);
+            let records = (segment / self.record_bytes).max(1);
             let headers = (records * self.record_headers).max(header_count);
             self.segments
                 .push_back(RecordChunk::with_room(records, bytes, headers));
@@ -506,7 +509,8 @@ struct Reading {
 struct Stats {
     /// Messages polled from librdkafka.
     polled: u64,
-    /// Messages fetched and dropped unread at a pause, to be fetched again.
+    /// Messages still queued at a pause, dropped to be fetched again (those of
+    /// fetches the pause outdated librdkafka drops itself, unseen).
     dropped: u64,
     /// Partitions unassigned to start over.
     stopped: u64,
@@ -1574,6 +1578,17 @@ mod tests {
                 buffer.bytes
             );
         }
+        // A record larger than a segment gets a segment of its own size, with
+        // entries for the usual number of records, not for its size.
+        let large = message(2_000, 100 * 1024);
+        buffer.push(&large, &topic, false, share);
+        let segment = (share / 8) + (share / 8 / 60 + 1) * 64;
+        assert!(
+            allocated(&buffer) <= buffer.bytes + 2 * segment,
+            "{} allocated for {} counted",
+            allocated(&buffer),
+            buffer.bytes
+        );
         while !buffer.is_empty() {
             buffer.pop_front();
         }
