@@ -1548,6 +1548,19 @@ mod tests {
             .sum()
     }
 
+    /// Beyond its records, a buffer's segments hold at most the taken front of
+    /// the first and the unfilled end of the last: two segments of `share / 8`
+    /// bytes and their entries, for records of at least 60 bytes.
+    fn assert_about_what_it_counts(buffer: &Buffer, share: usize) {
+        let segment = (share / 8) + (share / 8 / 60 + 1) * 64;
+        assert!(
+            allocated(buffer) <= buffer.bytes + 2 * segment,
+            "{} allocated for {} counted",
+            allocated(buffer),
+            buffer.bytes
+        );
+    }
+
     #[test]
     fn a_buffer_counts_what_its_records_take_and_its_segments_hold_about_that() {
         let share = 32 * 1024;
@@ -1568,27 +1581,13 @@ mod tests {
                 held.pop_front();
             }
             assert_eq!(buffer.bytes, held.iter().sum::<usize>());
-            // Beyond the records, at most the taken front of the first segment
-            // and the unfilled end of the last.
-            let segment = (share / 8) + (share / 8 / 60 + 1) * 64;
-            assert!(
-                allocated(&buffer) <= buffer.bytes + 2 * segment,
-                "{} allocated for {} counted",
-                allocated(&buffer),
-                buffer.bytes
-            );
+            assert_about_what_it_counts(&buffer, share);
         }
         // A record larger than a segment gets a segment of its own size, with
         // entries for the usual number of records, not for its size.
         let large = message(2_000, 100 * 1024);
         buffer.push(&large, &topic, false, share);
-        let segment = (share / 8) + (share / 8 / 60 + 1) * 64;
-        assert!(
-            allocated(&buffer) <= buffer.bytes + 2 * segment,
-            "{} allocated for {} counted",
-            allocated(&buffer),
-            buffer.bytes
-        );
+        assert_about_what_it_counts(&buffer, share);
         while !buffer.is_empty() {
             buffer.pop_front();
         }
