@@ -431,6 +431,24 @@ async fn cassandra_mirrors_the_latest_committed_offsets_in_plain_columns() {
 }
 
 #[tokio::test]
+async fn a_cassandra_store_that_lost_its_query_leaves_the_offsets_table_to_the_new_owner() {
+    let h = CassandraHarness::new("sluice_store_suite");
+    let mut old = h.open().await.unwrap();
+    for batch in 0..3 {
+        run_batch(&mut old, batch).await;
+    }
+    // A second runner claims the query; the first one's deferred rows (batch 2)
+    // must not be written over the new owner's.
+    let _new = h.open().await.unwrap();
+    let refused = old.flush().await.unwrap_err();
+    assert!(refused.to_string().contains("was taken over"), "{refused}");
+    assert_eq!(
+        written_by(&offsets_table(&h).await, 0),
+        plan(0).end_offsets()
+    );
+}
+
+#[tokio::test]
 async fn a_state_table_of_the_layout_before_partitions_is_named_with_what_to_do() {
     let (session, keyspace) = sluice_tests::keyspace_with(
         "old_state",

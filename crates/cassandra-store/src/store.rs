@@ -945,6 +945,14 @@ impl OffsetStore for CassandraStore {
     }
 
     async fn flush(&mut self) -> Result<(), CassandraStoreError> {
+        if self.unmirrored.is_none() {
+            return Ok(());
+        }
+        // Unconditional rows: a runner that lost the query leaves them to the
+        // one that took it, whose offsets are newer.
+        if let Some((_, epoch, owner)) = self.read_claim().await? {
+            self.fenced_if_moved(epoch, &owner)?;
+        }
         self.mirror_offsets().await
     }
 
