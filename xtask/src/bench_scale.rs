@@ -277,6 +277,33 @@ pub fn partitions(root: &Path, args: &SweepArgs) -> Result<()> {
             f(&row["raw_peak_rss_mib"]),
         ));
     }
+    // Every run, as the medians of few noisy runs hide how far apart they were.
+    let runs: Vec<String> = report["configurations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|row| {
+            let list = |key: &str, digits: usize| {
+                row[key]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|v| format!("{:.digits$}", v.as_f64().unwrap_or(f64::NAN)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            format!(
+                "{}: {} ({})",
+                row["name"].as_str().unwrap_or_default(),
+                list("ratios", 2),
+                list("peak_rss_mib_all", 0)
+            )
+        })
+        .collect();
+    table.push_str(&format!(
+        "\nEvery run of each configuration, as ratios and peak RSS in MiB: {}.\n",
+        runs.join("; ")
+    ));
     table.push_str(
         "\n![ratio to the raw consumer per partition count](benchmarks-partitions.svg)\n",
     );
