@@ -14,6 +14,10 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientContext;
 use rdkafka::bindings as rd;
 use rdkafka::client::Client;
+use rdkafka::types::RDKafkaErrorCode;
+
+/// Why a group could not be described: librdkafka's code and its message.
+pub(crate) type Failure = (RDKafkaErrorCode, String);
 
 /// The members `group_id` has now, as `(member id, client id)`, asked through
 /// `client` within `timeout`. A group nobody ever joined has none. A blocking
@@ -22,8 +26,13 @@ pub(crate) fn members<C: ClientContext>(
     client: &Client<C>,
     group_id: &str,
     timeout: Duration,
-) -> Result<Vec<(String, String)>, String> {
-    let group = CString::new(group_id).map_err(|_| "the group id holds a NUL byte".to_owned())?;
+) -> Result<Vec<(String, String)>, Failure> {
+    let group = CString::new(group_id).map_err(|_| {
+        (
+            RDKafkaErrorCode::InvalidArgument,
+            "the group id holds a NUL byte".to_owned(),
+        )
+    })?;
     let rk = client.native_ptr();
     let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     // SAFETY: `rk` is a live client handle for as long as `client` is borrowed.
@@ -40,14 +49,14 @@ pub(crate) fn members<C: ClientContext>(
             rd::rd_kafka_AdminOptions_destroy,
         );
         let mut errstr = [0 as c_char; 256];
-        if rd::rd_kafka_AdminOptions_set_request_timeout(
+        let set = rd::rd_kafka_AdminOptions_set_request_timeout(
             options.0,
             millis,
             errstr.as_mut_ptr(),
             errstr.len(),
-        ) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-        {
-            return Err(text(errstr.as_ptr()));
+        );
+        if set != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return Err((set.into(), text(errstr.as_ptr())));
         }
         let mut groups = [group.as_ptr()];
         rd::rd_kafka_DescribeConsumerGroups(rk, groups.as_mut_ptr(), 1, options.0, queue.0);
@@ -57,7 +66,10 @@ pub(crate) fn members<C: ClientContext>(
         let event = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!("no answer within {} ms", millis));
+                return Err((
+                    RDKafkaErrorCode::RequestTimedOut,
+                    format!("no answer within {millis} ms"),
+                ));
             }
             let wait = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
             let event = rd::rd_kafka_queue_poll(queue.0, wait);
@@ -70,9 +82,12 @@ pub(crate) fn members<C: ClientContext>(
                 break event;
             }
         };
-        if rd::rd_kafka_event_error(event.0) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-        {
-            return Err(text(rd::rd_kafka_event_error_string(event.0)));
+        let failed = rd::rd_kafka_event_error(event.0);
+        if failed != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return Err((
+                failed.into(),
+                text(rd::rd_kafka_event_error_string(event.0)),
+            ));
         }
         let result = rd::rd_kafka_event_DescribeConsumerGroups_result(event.0);
         let mut count = 0;
@@ -82,12 +97,11 @@ pub(crate) fn members<C: ClientContext>(
             let description = *described.add(i);
             let error = rd::rd_kafka_ConsumerGroupDescription_error(description);
             if !error.is_null() {
-                if rd::rd_kafka_error_code(error)
-                    == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_GROUP_ID_NOT_FOUND
-                {
+                let code = rd::rd_kafka_error_code(error);
+                if code == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_GROUP_ID_NOT_FOUND {
                     continue;
                 }
-                return Err(text(rd::rd_kafka_error_string(error)));
+                return Err((code.into(), text(rd::rd_kafka_error_string(error))));
             }
             for m in 0..rd::rd_kafka_ConsumerGroupDescription_member_count(description) {
                 let member = rd::rd_kafka_ConsumerGroupDescription_member(description, m);

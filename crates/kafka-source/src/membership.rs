@@ -90,9 +90,9 @@ pub fn live_members(
             source: Box::new(source),
         })?;
     crate::describe_group::members(admin.client(), group_id, Duration::from_secs(10)).map_err(
-        |problem| KafkaSourceError::Group {
-            what: format!("describing consumer group {group_id}"),
-            problem,
+        |(code, message)| KafkaSourceError::Kafka {
+            what: format!("describing consumer group {group_id} ({message})"),
+            source: Box::new(rdkafka::error::KafkaError::AdminOp(code)),
         },
     )
 }
