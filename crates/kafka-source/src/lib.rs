@@ -6,6 +6,7 @@
 //! (rate limits, data-loss classification) stay in that crate. Every blocking
 //! librdkafka call runs on tokio's blocking pool, off the async worker threads.
 
+mod batch_queue;
 mod client;
 mod config;
 mod describe_group;
@@ -148,7 +149,10 @@ impl KafkaSource {
             .set("enable.auto.offset.store", "false")
             // Offsets that are gone must surface as errors, never as a silent reset.
             .set("auto.offset.reset", "error")
-            .set("enable.partition.eof", "true");
+            // Taken in a batch, an end-of-partition event would move librdkafka's
+            // position one past the end (see the reader); the reader asks for
+            // positions itself when it waits.
+            .set("enable.partition.eof", "false");
         let context = SourceContext::default();
         let refusals = context.refusals.clone();
         let consumer = client_config

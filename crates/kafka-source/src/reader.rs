@@ -27,6 +27,12 @@
 //! buffered record. While the batch's reader is behind, what the batch itself
 //! wants waits in the partition's buffer too, within the same share.
 //!
+//! A queue is taken up to what its buffer has room for in one call
+//! ([`crate::batch_queue`]), not a message per call. librdkafka then moves the
+//! partition's position past every message it returns, errors included, and a
+//! pause resumes from there: so the end-of-partition event is off, and a
+//! partition that reports any other error is assigned afresh at its next offset.
+//!
 //! So memory is bounded by configuration: the read-ahead, librdkafka's queue
 //! limits (an eighth of a share per partition), what one fetch brings each
 //! partition (`max.partition.fetch.bytes`: its part of `fetch.max.bytes`, at
@@ -72,6 +78,7 @@ use sluice_offsets::{
 };
 use tokio::sync::mpsc::{self, error::TrySendError};
 
+use crate::batch_queue::BatchQueue;
 use crate::client::{Client, Position};
 use crate::{KafkaSourceError, SourceContext};
 
@@ -111,6 +118,16 @@ pub(crate) type Events = mpsc::Sender<Result<Event, KafkaSourceError>>;
 
 /// One partition's own message queue.
 type Queue = PartitionQueue<SourceContext>;
+
+/// A partition's own queue, through two handles: rdkafka's, which keeps it
+/// apart from the consumer's queue and tells when it fills, and one that takes
+/// its messages many at a time.
+struct PartQueue {
+    split: Queue,
+    batch: BatchQueue,
+    /// Set when librdkafka queued messages since the queue was last polled empty.
+    ready: Arc<AtomicBool>,
+}
 
 /// A partition, by topic and number.
 type Key = (Arc<str>, i32);
@@ -427,6 +444,13 @@ impl Buffer {
         }
     }
 
+    /// About how many more records fit before the buffer holds `share`; at
+    /// least one, as a buffer is full only once it holds its share.
+    fn room_in_records(&self, share: usize) -> usize {
+        let record = RecordChunk::footprint(self.record_bytes, self.record_headers);
+        share.saturating_sub(self.bytes) / record.max(1) + 1
+    }
+
     fn clear(&mut self) {
         *self = Buffer::default();
     }
@@ -489,7 +513,7 @@ struct Reading {
     parts: Vec<Part>,
     /// Per entry of `parts`, its queue, and whether librdkafka queued messages
     /// there since the queue was last polled empty.
-    queues: Vec<(Queue, Arc<AtomicBool>)>,
+    queues: Vec<PartQueue>,
     by_name: HashMap<Key, usize>,
     /// Unassignments asked for and not yet made, per partition; a partition
     /// is not assigned again before they are.
@@ -683,6 +707,14 @@ impl Reading {
                         "librdkafka has no queue for this partition".to_owned(),
                     )),
                 })?;
+            let batch = BatchQueue::of(consumer.client(), &key.0, key.1).ok_or_else(|| {
+                KafkaSourceError::Kafka {
+                    what: format!("taking {}-{}'s queue in batches", key.0, key.1),
+                    source: Box::new(KafkaError::Subscription(
+                        "librdkafka has no queue for this partition".to_owned(),
+                    )),
+                }
+            })?;
             // Polling a thousand empty queues per step cost most of a read
             // (`perf`: clock reads and locks inside the poll), so only queues that
             // librdkafka filled are polled.
@@ -700,7 +732,11 @@ impl Reading {
                 Fetch::Idle
             };
             self.by_name.insert(key.clone(), self.parts.len());
-            self.queues.push((queue, ready));
+            self.queues.push(PartQueue {
+                split: queue,
+                batch,
+                ready,
+            });
             self.parts.push(Part {
                 topic: key.0,
                 partition: key.1,
@@ -779,7 +815,7 @@ impl Reading {
                     && self.parts[i].fetch == Fetch::Stopping
                 {
                     // Outdated by the unassignment: the poll drops them.
-                    while self.queues[i].0.poll(Duration::ZERO).is_some() {}
+                    while self.queues[i].split.poll(Duration::ZERO).is_some() {}
                     self.parts[i].fetch = Fetch::Idle;
                 }
             }
@@ -894,74 +930,95 @@ impl Reading {
         let share = self.share();
         let mut polled = false;
         let mut now = None;
-        for i in 0..self.parts.len() {
+        let mut restart = Vec::new();
+        let Reading {
+            parts,
+            queues,
+            read,
+            stats,
+            ..
+        } = self;
+        for (part, queue) in parts.iter_mut().zip(queues.iter_mut()) {
             // A full partition is not polled: what is queued for it is dropped
             // when it is unassigned, and fetched again when it is assigned.
-            let part = &self.parts[i];
             if part.fetch != Fetch::Fetching
                 || part.full
                 || part.out_of_range
-                || !self.queues[i].1.swap(false, Ordering::Acquire)
+                || !queue.ready.swap(false, Ordering::Acquire)
             {
                 continue;
             }
-            for n in 0..=BURST {
-                if n == BURST {
+            let mut taken = 0;
+            loop {
+                if taken >= BURST {
                     // More to come: this queue's turn comes again next step.
-                    self.queues[i].1.store(true, Ordering::Release);
+                    queue.ready.store(true, Ordering::Release);
                     break;
                 }
-                let Some(result) = self.queues[i].0.poll(Duration::ZERO) else {
-                    break;
-                };
-                polled = true;
-                self.stats.polled += 1;
-                match result {
+                // What fits the buffer's room, so that a full buffer leaves the
+                // rest queued, to be dropped at the pause, as one message at a
+                // time did: a message taken counts as consumed.
+                let want = part.buffer.room_in_records(share).min(BURST - taken);
+                // What one call took is all kept, but after an offset out of
+                // range, where the partition starts over from `next`.
+                let mut failed = false;
+                let n = queue.batch.take(want, |result| match result {
+                    _ if part.out_of_range => {}
                     Ok(message) => {
-                        self.parts[i].last_message = *now.get_or_insert_with(Instant::now);
-                        take(
-                            &mut self.parts[i],
-                            self.read.as_mut(),
-                            &message,
-                            include_headers,
-                            share,
-                        );
+                        part.last_message = *now.get_or_insert_with(Instant::now);
+                        take(part, read.as_mut(), message, include_headers, share);
                         // While the batch's reader is behind, what the batch
                         // wants waits in the partition's buffer, within its
                         // share, like what later batches want: left in
                         // librdkafka's queues, it cost up to a fetch per
                         // partition, four times over (256 partitions in one
                         // batch into Cassandra: 432 MiB).
-                        if self.read.as_ref().is_some_and(|r| r.out.ready.is_some()) {
-                            hand_over(&mut self.read);
-                        }
-                        if self.parts[i].full {
-                            self.queues[i].1.store(true, Ordering::Release);
-                            break;
+                        if read.as_ref().is_some_and(|r| r.out.ready.is_some()) {
+                            hand_over(read);
                         }
                     }
-                    Err(KafkaError::PartitionEOF(_)) => {
-                        self.queues[i].1.store(true, Ordering::Release);
-                        break;
-                    }
-                    Err(KafkaError::MessageConsumption(
-                        RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
-                    )) => {
+                    Err(RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange) => {
                         // Judged when a read needs the partition: the records
                         // buffered before it come first.
-                        self.parts[i].out_of_range = true;
-                        break;
+                        part.out_of_range = true;
                     }
-                    Err(e) => {
+                    Err(code) => {
                         // librdkafka retries transient broker errors itself and
                         // reports them here too; the stall and poll timeouts
                         // catch a partition that never recovers.
-                        tracing::warn!(error = %e, "Kafka reported an error while reading; continuing");
-                        self.queues[i].1.store(true, Ordering::Release);
-                        break;
+                        tracing::warn!(
+                            error = %KafkaError::MessageConsumption(code),
+                            "Kafka reported an error while reading; continuing"
+                        );
+                        failed = true;
                     }
+                });
+                if n == 0 {
+                    break;
+                }
+                polled = true;
+                stats.polled += n as u64;
+                taken += n;
+                if part.out_of_range {
+                    break;
+                }
+                if failed {
+                    // Taken in a batch, an error moves librdkafka's position
+                    // past the offset it names (`rd_kafka_q_serve_rkmessages`),
+                    // where the next pause would resume, so a record could be
+                    // skipped: the partition is assigned afresh at `next`.
+                    restart.push((part.key(), false));
+                    part.fetch = Fetch::Stopping;
+                    break;
+                }
+                if part.full {
+                    queue.ready.store(true, Ordering::Release);
+                    break;
                 }
             }
+        }
+        if !restart.is_empty() {
+            self.unassign(restart);
         }
         // Messages arrive here only for a partition whose queue was not split yet,
         // which `plan_parts` prevents by splitting before it assigns.
@@ -988,7 +1045,7 @@ impl Reading {
         let mut start = Vec::new();
         let mut pause = TopicPartitionList::new();
         let mut resume = TopicPartitionList::new();
-        for (part, (_, ready)) in self.parts.iter_mut().zip(&self.queues) {
+        for (part, PartQueue { ready, .. }) in self.parts.iter_mut().zip(&self.queues) {
             match part.fetch {
                 Fetch::Fetching | Fetch::Paused if part.out_of_range => {
                     stop.push((part.key(), part.fetch == Fetch::Paused));
@@ -1027,7 +1084,7 @@ impl Reading {
                 }
                 // The pause outdated what they queued: polling drops it now,
                 // instead of when librdkafka gets to it.
-                for (part, (queue, _)) in self.parts.iter().zip(&self.queues) {
+                for (part, PartQueue { split: queue, .. }) in self.parts.iter().zip(&self.queues) {
                     if part.fetch == Fetch::Paused && part.full {
                         while queue.poll(Duration::ZERO).is_some() {
                             self.stats.dropped += 1;
