@@ -575,8 +575,16 @@ where
         let span = tracing::info_span!("batch", id = batch.0);
         async {
             self.in_batch = true;
+            // The read starts while the plan is written, so that the source can
+            // ready the batch's first records meanwhile. They wait for the
+            // write-ahead: none reaches the processor or the sink before the plan
+            // is durable. A read that fails to start is started again, with
+            // retries, when the batch is streamed.
+            let mut early = None;
+            if !planned.replay {
+                early = self.source.read(planned.plan.ranges()).await.ok();
+            }
             let t = Instant::now();
-            // The write-ahead: nothing of the batch is read before its plan is durable.
             if !planned.replay {
                 retrying!(
                     self,
@@ -615,7 +623,7 @@ where
                         "the sink already has this batch; rebuilding its state without writing"
                     );
                 }
-                self.stream(&planned.plan, &mut planned.durations, !delivered)
+                self.stream(&planned.plan, &mut planned.durations, !delivered, early)
                     .await?
             };
             planned.durations.add_batch =
@@ -968,6 +976,7 @@ where
         plan: &BatchPlan,
         durations: &mut DurationMs,
         write: bool,
+        mut early: Option<Src::Reader>,
     ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
         let mut tries = Tries::new(
             self.options.retry,
@@ -976,7 +985,7 @@ where
             true,
         );
         loop {
-            match self.stream_once(plan, durations, write).await {
+            match self.stream_once(plan, durations, write, early.take()).await {
                 Ok(streamed) => {
                     if write {
                         self.reached.mark(Part::Sink);
@@ -1013,6 +1022,7 @@ where
         plan: &BatchPlan,
         durations: &mut DurationMs,
         write: bool,
+        mut early: Option<Src::Reader>,
     ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
         let batch = plan.id();
         let mut processed = Processed::default();
@@ -1026,14 +1036,17 @@ where
             let t = Instant::now();
             self.begin_everywhere(batch, plan.metadata(), plan.ranges(), write)
                 .await?;
-            let mut reader = retrying!(
-                self,
-                Part::Source,
-                "reading the batch",
-                self.source.read(plan.ranges()),
-                Src::is_transient,
-                ExecutorError::Source
-            )?;
+            let mut reader = match early.take() {
+                Some(reader) => reader,
+                None => retrying!(
+                    self,
+                    Part::Source,
+                    "reading the batch",
+                    self.source.read(plan.ranges()),
+                    Src::is_transient,
+                    ExecutorError::Source
+                )?,
+            };
             durations.get_batch = micros(t.elapsed());
             let mut streamed = Streamed::default();
             let failure = loop {
