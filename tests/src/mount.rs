@@ -58,12 +58,23 @@ impl SmallFs {
     }
 
     fn mount_command(&self, options: &str, extra: &[&str]) {
-        let output = Command::new("mount")
-            .args(extra)
-            .args(["-o", options])
-            .arg(&self.dir)
-            .output()
-            .expect("running mount");
+        // A remount to read-only is refused while a file on it is open for
+        // writing, as the sink's batch file is for a moment in every batch: try
+        // again until it lands between two such moments.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let output = loop {
+            let output = Command::new("mount")
+                .args(extra)
+                .args(["-o", options])
+                .arg(&self.dir)
+                .output()
+                .expect("running mount");
+            let busy = String::from_utf8_lossy(&output.stderr).contains("busy");
+            if output.status.success() || !busy || std::time::Instant::now() > deadline {
+                break output;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
         assert!(
             output.status.success(),
             "mount -o {options} {} failed: {}; the disk fault tests mount a small tmpfs, which \
