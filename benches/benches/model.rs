@@ -18,7 +18,7 @@ fn offset_json(c: &mut Criterion) {
         offsets
             .iter()
             .fold(HashMap::new(), |mut acc, (tp, offset)| {
-                acc.entry(tp.topic.clone())
+                acc.entry(tp.topic.to_string())
                     .or_default()
                     .insert(tp.partition.to_string(), offset.value());
                 acc

@@ -29,7 +29,7 @@ mod tests {
         assert_eq!(offsets.len(), 250);
         assert!(offsets.values().all(|o| o.value() >= 10));
         assert_eq!(
-            offsets.keys().filter(|tp| tp.topic == "topic-2").count(),
+            offsets.keys().filter(|tp| &*tp.topic == "topic-2").count(),
             50
         );
     }

@@ -243,7 +243,9 @@ async fn members_share_partitions_and_wait_for_revocations(protocol: GroupProtoc
     let topic = sluice_tests::unique_name("group_members");
     sluice_tests::kafka::create_topic(&topic, 12).await;
     let config = group(&topic, protocol);
-    let all: BTreeSet<TopicPartition> = (0..12).map(|p| TopicPartition::new(&topic, p)).collect();
+    let all: BTreeSet<TopicPartition> = (0..12)
+        .map(|p| TopicPartition::new(topic.as_str(), p))
+        .collect();
 
     let mut a = KafkaMembership::join(&config, "a").unwrap();
     follow(&mut a, Duration::ZERO, |held, _| held == &all).await;

@@ -73,7 +73,7 @@ impl GroupProgress {
         let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         for tp in partitions {
             by_topic
-                .entry(tp.topic.clone())
+                .entry(tp.topic.to_string())
                 .or_default()
                 .push(tp.partition);
         }
@@ -214,7 +214,7 @@ pub(crate) fn offsets_value(offsets: &PartitionOffsets) -> Value {
     let mut current: Option<(&str, serde_json::Map<String, Value>)> = None;
     for (tp, offset) in offsets {
         match &mut current {
-            Some((topic, partitions)) if *topic == tp.topic.as_str() => {
+            Some((topic, partitions)) if *topic == tp.topic.as_ref() => {
                 partitions.insert(tp.partition.to_string(), offset.value().into());
             }
             _ => {
@@ -223,7 +223,7 @@ pub(crate) fn offsets_value(offsets: &PartitionOffsets) -> Value {
                 }
                 let mut partitions = serde_json::Map::new();
                 partitions.insert(tp.partition.to_string(), offset.value().into());
-                current = Some((tp.topic.as_str(), partitions));
+                current = Some((tp.topic.as_ref(), partitions));
             }
         }
     }

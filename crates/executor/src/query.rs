@@ -457,10 +457,21 @@ where
                 None => self.starting_offsets(&partitions).await?,
             };
             let losses = data_loss(&mut from, &partitions, self.options.fail_on_data_loss)?;
-            // New partitions start at their first offset (0 unless that was lost,
+            // Keyed by the discovered partitions, whose topic names the source
+            // shares, so that the batch's maps compare them by address. New
+            // partitions start at their first offset (0 unless that was lost,
             // which the classification above has already handled).
+            let mut from: PartitionOffsets = from
+                .into_iter()
+                .map(|(tp, at)| match partitions.get_key_value(&tp) {
+                    Some((known, _)) => (known.clone(), at),
+                    None => (tp, at),
+                })
+                .collect();
             for (tp, marks) in &partitions {
-                from.entry(tp.clone()).or_insert(marks.low);
+                if !from.contains_key(tp) {
+                    from.insert(tp.clone(), marks.low);
+                }
             }
             let latest: PartitionOffsets = partitions
                 .iter()

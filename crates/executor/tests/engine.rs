@@ -141,7 +141,7 @@ impl Source for MemSource {
                 return Err(TestError(format!("{} purged", range.topic_partition)));
             }
             records.extend((range.from.value()..range.until.value()).map(|o| Record {
-                topic: Arc::from(range.topic_partition.topic.as_str()),
+                topic: range.topic_partition.topic.clone(),
                 partition: range.topic_partition.partition,
                 offset: off(o),
                 timestamp_ms: Some(o),

@@ -60,6 +60,8 @@ pub(crate) struct Client {
     pub(crate) config: KafkaSourceConfig,
     pub(crate) group_id: String,
     pub(crate) pattern: Option<Regex>,
+    /// The topic names discovery has seen, shared by every discovery's partitions.
+    pub(crate) names: std::sync::Mutex<std::collections::BTreeSet<std::sync::Arc<str>>>,
 }
 
 impl Client {
@@ -142,7 +144,18 @@ impl Client {
         &self,
     ) -> Result<BTreeMap<TopicPartition, OffsetBounds>, KafkaSourceError> {
         let metadata = self.metadata()?;
-        let selected = discovery::select(&self.config.selection, self.pattern.as_ref(), &metadata);
+        let selected = {
+            let mut names = self
+                .names
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            discovery::select(
+                &self.config.selection,
+                self.pattern.as_ref(),
+                &metadata,
+                &mut names,
+            )
+        };
         let earliest = self.list_offsets(&selected, Position::Earliest)?;
         let latest = self.list_offsets(&selected, Position::Latest)?;
         Ok(selected

@@ -1,6 +1,7 @@
 //! Which partitions a query reads, from the cluster's metadata.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use rdkafka::metadata::Metadata;
 use regex::Regex;
@@ -19,10 +20,13 @@ pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex, KafkaSourceError> 
 
 /// The partitions of `selection` that `metadata` knows. An assigned partition the
 /// cluster does not have is left out: the data-loss classification reports it.
+/// Topic names are taken from `names`, and added to it, so that the partitions
+/// of every discovery share them and compare them by address.
 pub(crate) fn select(
     selection: &TopicSelection,
     pattern: Option<&Regex>,
     metadata: &Metadata,
+    names: &mut BTreeSet<Arc<str>>,
 ) -> BTreeSet<TopicPartition> {
     let mut selected = BTreeSet::new();
     for topic in metadata.topics() {
@@ -52,9 +56,17 @@ pub(crate) fn select(
                 Box::new(|_| true)
             }
         };
+        let shared = match names.get(name) {
+            Some(shared) => shared.clone(),
+            None => {
+                let shared: Arc<str> = Arc::from(name);
+                names.insert(shared.clone());
+                shared
+            }
+        };
         for partition in topic.partitions() {
             if wanted(partition.id()) {
-                selected.insert(TopicPartition::new(name, partition.id()));
+                selected.insert(TopicPartition::new(shared.clone(), partition.id()));
             }
         }
     }

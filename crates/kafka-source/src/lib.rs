@@ -168,6 +168,7 @@ impl KafkaSource {
             config,
             group_id,
             pattern,
+            names: Default::default(),
         });
         let reader = reader::Reader::start(client.clone())?;
         Ok(KafkaSource { client, reader })

@@ -624,12 +624,7 @@ impl Reading {
         for (i, r) in ranges.iter().enumerate() {
             let part = match self.parts.get(i) {
                 Some(p) if p.is(&r.topic_partition) => i,
-                _ => {
-                    self.by_name[&(
-                        Arc::from(r.topic_partition.topic.as_str()),
-                        r.topic_partition.partition,
-                    )]
-                }
+                _ => self.by_name[&(r.topic_partition.topic.clone(), r.topic_partition.partition)],
             };
             self.parts[part].range = Some(i);
             let mut range = Range {
@@ -667,10 +662,7 @@ impl Reading {
             .iter()
             .map(|r| {
                 (
-                    (
-                        Arc::from(r.topic_partition.topic.as_str()),
-                        r.topic_partition.partition,
-                    ),
+                    (r.topic_partition.topic.clone(), r.topic_partition.partition),
                     r.from.value(),
                 )
             })

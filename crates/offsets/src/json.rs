@@ -58,12 +58,12 @@ pub fn values_to_json<'a>(values: impl IntoIterator<Item = (&'a TopicPartition, 
     let mut out = String::from("{");
     let mut current: Option<&str> = None;
     for (tp, value) in values {
-        if current != Some(tp.topic.as_str()) {
+        if current != Some(tp.topic.as_ref()) {
             if current.is_some() {
                 out.push_str("},");
             }
             // serde_json escapes the topic name as a JSON string; it cannot fail for a str.
-            out.push_str(&serde_json::to_string(&tp.topic).unwrap_or_default());
+            out.push_str(&serde_json::to_string(&*tp.topic).unwrap_or_default());
             out.push_str(":{");
             current = Some(&tp.topic);
         } else {
@@ -114,6 +114,7 @@ pub fn values_from_json(text: &str) -> Result<BTreeMap<TopicPartition, i64>, Off
                 topic,
             });
         };
+        let name: std::sync::Arc<str> = std::sync::Arc::from(topic.as_str());
         for (key, value) in partitions {
             // Only the canonical spelling ("7", not "07" or "+7"), checked without
             // formatting the number back (`cargo bench`, offset JSON decode).
@@ -127,7 +128,7 @@ pub fn values_from_json(text: &str) -> Result<BTreeMap<TopicPartition, i64>, Off
                     topic: topic.clone(),
                     key: key.clone(),
                 })?;
-            let tp = TopicPartition::new(topic.clone(), partition);
+            let tp = TopicPartition::new(name.clone(), partition);
             let Some(number) = value.as_i64() else {
                 return Err(OffsetJsonError::BadOffset {
                     topic_partition: tp,

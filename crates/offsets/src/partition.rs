@@ -1,24 +1,64 @@
 //! Topic-partitions, offsets and offset ranges.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// One partition of one Kafka topic. Ordered by topic, then partition number.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// The name is shared: a batch's offsets are kept in several maps keyed by
+/// partition, which at 1,024 partitions copied and compared names thousands of
+/// times per batch. Partitions made from one shared name compare it by address.
+#[derive(Clone, Debug)]
 pub struct TopicPartition {
     /// The topic's name.
-    pub topic: String,
+    pub topic: Arc<str>,
     /// The partition number, as Kafka numbers them (from 0).
     pub partition: i32,
 }
 
 impl TopicPartition {
     /// A topic-partition from a topic name and a partition number.
-    pub fn new(topic: impl Into<String>, partition: i32) -> Self {
+    pub fn new(topic: impl Into<Arc<str>>, partition: i32) -> Self {
         TopicPartition {
             topic: topic.into(),
             partition,
         }
+    }
+}
+
+impl PartialEq for TopicPartition {
+    fn eq(&self, other: &Self) -> bool {
+        self.partition == other.partition
+            && (Arc::ptr_eq(&self.topic, &other.topic) || self.topic == other.topic)
+    }
+}
+
+impl Eq for TopicPartition {}
+
+impl std::hash::Hash for TopicPartition {
+    // By content, as equality falls back to it.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.topic.hash(state);
+        self.partition.hash(state);
+    }
+}
+
+impl Ord for TopicPartition {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let topic = if Arc::ptr_eq(&self.topic, &other.topic) {
+            Ordering::Equal
+        } else {
+            self.topic.cmp(&other.topic)
+        };
+        topic.then(self.partition.cmp(&other.partition))
+    }
+}
+
+impl PartialOrd for TopicPartition {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
     }
 }
 
@@ -151,5 +191,33 @@ mod tests {
                 TopicPartition::new("b", 0)
             ]
         );
+    }
+
+    #[test]
+    fn a_shared_name_and_a_copy_of_it_compare_and_hash_alike() {
+        use std::hash::{BuildHasher, RandomState};
+        let shared: Arc<str> = Arc::from("events");
+        let names = [
+            Arc::clone(&shared),
+            Arc::from("events"),
+            Arc::from("eventz"),
+        ];
+        let hasher = RandomState::new();
+        for a in &names {
+            for b in &names {
+                for (pa, pb) in [(1, 1), (1, 2), (2, 1)] {
+                    let (x, y) = (
+                        TopicPartition::new(a.clone(), pa),
+                        TopicPartition::new(b.clone(), pb),
+                    );
+                    let by_content = (&**a, pa).cmp(&(&**b, pb));
+                    assert_eq!(x.cmp(&y), by_content, "{x} against {y}");
+                    assert_eq!(x == y, by_content.is_eq(), "{x} against {y}");
+                    if x == y {
+                        assert_eq!(hasher.hash_one(&x), hasher.hash_one(&y));
+                    }
+                }
+            }
+        }
     }
 }

@@ -99,7 +99,7 @@ pub async fn read_all<R: BatchReader>(
             let owned = record.to_record();
             let slot = batch.partitions.iter_mut().find(|p| {
                 p.range.topic_partition.partition == owned.partition
-                    && p.range.topic_partition.topic == *owned.topic
+                    && *p.range.topic_partition.topic == *owned.topic
                     && p.range.from <= owned.offset
                     && owned.offset < p.range.until
             });

@@ -186,7 +186,10 @@ impl RunnerGenerations {
     fn settings_over(&self, partitions: impl Iterator<Item = TopicPartition>) -> Settings {
         let mut assign: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         for tp in partitions {
-            assign.entry(tp.topic).or_default().push(tp.partition);
+            assign
+                .entry(tp.topic.to_string())
+                .or_default()
+                .push(tp.partition);
         }
         let mut settings = (*self.settings).clone();
         settings.kafka.selection = TopicSelection::Assign(assign);

@@ -887,7 +887,7 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
     let missing: Vec<String> = match &settings.kafka.selection {
         sluice_kafka_source::TopicSelection::Subscribe(topics) => topics
             .iter()
-            .filter(|t| !partitions.keys().any(|tp| &tp.topic == *t))
+            .filter(|t| !partitions.keys().any(|tp| *tp.topic == ***t))
             .cloned()
             .collect(),
         sluice_kafka_source::TopicSelection::Assign(assign) => assign
