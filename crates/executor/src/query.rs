@@ -71,6 +71,10 @@ macro_rules! retrying {
 // After the macro, which it uses.
 mod continuous;
 
+/// How long a batch's early read may wait for its plan to be written before
+/// it is started afresh; well under the sources' poll timeouts.
+const EARLY_READ_PATIENCE: Duration = Duration::from_secs(1);
+
 /// The longest a query with `ProcessingTime(0)` waits before it looks for new
 /// data again when there was none, unless `QueryOptions::polling_delay` says
 /// otherwise.
@@ -607,6 +611,12 @@ where
                 )?;
             }
             planned.durations.wal_commit = micros(t.elapsed());
+            // A plan write retried through an outage kept the early read from
+            // handing anything over, which a source may judge a stalled read:
+            // the read starts afresh instead, as it did before it started early.
+            if t.elapsed() > EARLY_READ_PATIENCE {
+                early = None;
+            }
 
             let t = Instant::now();
             // A replayed batch that a two-phase sink already has needs only its

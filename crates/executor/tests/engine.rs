@@ -39,6 +39,8 @@ struct MemSource {
     read_failures: Arc<Mutex<Vec<&'static str>>>,
     /// How long a failing `partitions` call takes to fail.
     failure_delay: Arc<Mutex<Duration>>,
+    /// How many reads were opened.
+    reads: Arc<Mutex<u32>>,
 }
 
 /// Records per chunk of the in-memory source.
@@ -133,6 +135,7 @@ impl Source for MemSource {
     }
 
     async fn read(&mut self, ranges: &[OffsetRange]) -> Result<MemReader, TestError> {
+        *self.reads.lock().unwrap() += 1;
         let logs = self.logs.lock().unwrap();
         let mut records = Vec::new();
         for range in ranges {
@@ -188,6 +191,8 @@ struct MemStore {
     refuse_snapshots: Arc<std::sync::atomic::AtomicBool>,
     /// Another runner claimed the query: the claim check fails.
     claim_lost: Arc<std::sync::atomic::AtomicBool>,
+    /// How long writing a plan takes.
+    plan_delay: Arc<Mutex<Duration>>,
 }
 
 impl OffsetStore for MemStore {
@@ -213,6 +218,8 @@ impl OffsetStore for MemStore {
     }
 
     async fn write_plan(&mut self, plan: &BatchPlan) -> Result<(), TestError> {
+        let delay = *self.plan_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
         let mut plans = self.plans.lock().unwrap();
         if plans.contains_key(&plan.id()) {
             return Err(TestError(format!("plan {} exists", plan.id())));
@@ -332,6 +339,9 @@ struct MemSink {
     transient_failures: Arc<Mutex<u32>>,
     /// Values handed to `write`, in every batch and attempt.
     written: Arc<Mutex<u64>>,
+    /// The store's plans, when the sink is to check that a batch's records
+    /// come only once its plan is written.
+    plans: Option<Arc<Mutex<BTreeMap<BatchId, BatchPlan>>>>,
 }
 
 impl MemSink {
@@ -377,6 +387,14 @@ impl Sink for MemSink {
             .open
             .as_mut()
             .ok_or_else(|| TestError("records outside a batch".to_owned()))?;
+        if let Some(plans) = &self.plans
+            && !plans.lock().unwrap().contains_key(&open.0)
+        {
+            return Err(TestError(format!(
+                "records of batch {} before its plan was written",
+                open.0
+            )));
+        }
         open.2.extend(
             records
                 .iter()
@@ -480,6 +498,35 @@ async fn available_now_reads_everything_in_rate_limited_batches_then_stops() {
         5,
         "no plan without new data"
     );
+}
+
+#[tokio::test]
+async fn a_read_opens_while_its_plan_is_written_and_afresh_after_a_slow_write() {
+    for (delay, reads) in [(Duration::ZERO, 1), (Duration::from_millis(1200), 2)] {
+        let source = MemSource::with(&[(0, 10), (1, 5)]);
+        let store = MemStore::default();
+        *store.plan_delay.lock().unwrap() = delay;
+        let sink = MemSink {
+            plans: Some(store.plans.clone()),
+            ..MemSink::default()
+        };
+        let mut query = Query::new(
+            options(Trigger::Once, None),
+            "q".into(),
+            source.clone(),
+            store.clone(),
+            sink.clone(),
+        );
+        let summary = query.run(never_stop(), |_| {}).await.unwrap();
+        assert_eq!(summary.records, 15);
+        assert_eq!(sorted(sink.values()), all_values(&[(0, 10), (1, 5)]));
+        assert_eq!(
+            *source.reads.lock().unwrap(),
+            reads,
+            "a plan written in {delay:?}: the early read is kept, or opened again after a write \
+             longer than a second"
+        );
+    }
 }
 
 #[tokio::test]
