@@ -710,21 +710,19 @@ impl Reading {
                 continue;
             }
             fresh = true;
+            let no_queue = |what: String| KafkaSourceError::Kafka {
+                what,
+                source: Box::new(KafkaError::Subscription(
+                    "librdkafka has no queue for this partition".to_owned(),
+                )),
+            };
             let mut queue = consumer
                 .split_partition_queue(&key.0, key.1)
-                .ok_or_else(|| KafkaSourceError::Kafka {
-                    what: format!("giving {}-{} a queue of its own", key.0, key.1),
-                    source: Box::new(KafkaError::Subscription(
-                        "librdkafka has no queue for this partition".to_owned(),
-                    )),
+                .ok_or_else(|| {
+                    no_queue(format!("giving {}-{} a queue of its own", key.0, key.1))
                 })?;
             let batch = BatchQueue::of(consumer.client(), &key.0, key.1).ok_or_else(|| {
-                KafkaSourceError::Kafka {
-                    what: format!("taking {}-{}'s queue in batches", key.0, key.1),
-                    source: Box::new(KafkaError::Subscription(
-                        "librdkafka has no queue for this partition".to_owned(),
-                    )),
-                }
+                no_queue(format!("taking {}-{}'s queue in batches", key.0, key.1))
             })?;
             // Polling a thousand empty queues per step cost most of a read
             // (`perf`: clock reads and locks inside the poll), so only queues that
