@@ -31,6 +31,8 @@ const CHART_RATE: u64 = 10_000;
 pub struct LatencyArgs {
     pub rates: Vec<u64>,
     pub seconds: u64,
+    /// Seconds of records sent before the measured ones, which no figure counts.
+    pub warm_up: u64,
     pub partitions: u32,
     /// Only the configurations whose name contains this.
     pub only: Option<String>,
@@ -41,6 +43,7 @@ impl LatencyArgs {
         let mut parsed = LatencyArgs {
             rates: vec![100, 10_000, 100_000],
             seconds: 10,
+            warm_up: 1,
             partitions: 8,
             only: None,
         };
@@ -60,11 +63,12 @@ impl LatencyArgs {
                     }
                 }
                 "--seconds" => parsed.seconds = number(value)?.max(1),
+                "--warm-up" => parsed.warm_up = number(value)?,
                 "--partitions" => parsed.partitions = u32::try_from(number(value)?)?.max(1),
                 "--only" => parsed.only = Some(value.clone()),
                 other => bail!(
                     "unknown option {other}: use --rates 100,10000,100000, --seconds N, \
-                     --partitions P, --only NAME"
+                     --warm-up N, --partitions P, --only NAME"
                 ),
             }
         }
@@ -176,11 +180,13 @@ fn probe_path(root: &Path) -> PathBuf {
         .join("latency_probe")
 }
 
-/// The median of each phase over the batches that read records, in ms.
-fn phases(progress: &[Value]) -> Value {
+/// The median of each phase over the batches that read records past the
+/// warm-up's `warm_up` records, in ms.
+fn phases(progress: &[Value], warm_up: u64) -> Value {
     let with_rows: Vec<&Value> = progress
         .iter()
         .filter(|p| p["numInputRows"].as_u64().unwrap_or(0) > 0)
+        .filter(|p| started_at(p) >= warm_up)
         .collect();
     let mut out = serde_json::Map::new();
     out.insert("batches".into(), json!(with_rows.len()));
@@ -200,6 +206,22 @@ fn phases(progress: &[Value]) -> Value {
         out.insert(phase.into(), json!(percentile(values, 0.5)));
     }
     Value::Object(out)
+}
+
+/// How many records of the input the batch's sources had read before it began:
+/// the sum of its start offsets, as the run's topic starts at offset 0.
+fn started_at(progress: &Value) -> u64 {
+    let Some(sources) = progress["sources"].as_array() else {
+        return 0;
+    };
+    sources
+        .iter()
+        .filter_map(|s| s["startOffset"].as_object())
+        .flat_map(|topics| topics.values())
+        .filter_map(Value::as_object)
+        .flat_map(|partitions| partitions.values())
+        .filter_map(Value::as_u64)
+        .sum()
 }
 
 fn measure(
@@ -266,7 +288,7 @@ fn measure(
         );
     }
     let records = (rate * args.seconds).to_string();
-    let timeout = (args.seconds + 60).to_string();
+    let timeout = (args.warm_up + args.seconds + 60).to_string();
     let mut output = Command::new(probe);
     match configuration.output {
         Output::Jsonl => output
@@ -301,6 +323,7 @@ fn measure(
     let stamped = Command::new(probe)
         .args(["stamp", BOOTSTRAP, &topic, &rate.to_string()])
         .arg(args.seconds.to_string())
+        .arg(args.warm_up.to_string())
         .output()?;
     if !stamped.status.success() {
         bail!(
@@ -321,7 +344,7 @@ fn measure(
             config.display()
         );
     }
-    let phases = phases(&progress_lines(&dir));
+    let phases = phases(&progress_lines(&dir), rate * args.warm_up);
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
         "{} at {rate}/s ({:.1} s): p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms; Kafka alone p50 {:.1} \
@@ -382,13 +405,14 @@ pub fn latency(root: &Path, args: &LatencyArgs) -> Result<()> {
         }
     }
     let command = format!(
-        "cargo xtask bench latency --rates {} --seconds {} --partitions {}{}",
+        "cargo xtask bench latency --rates {} --seconds {} --warm-up {} --partitions {}{}",
         args.rates
             .iter()
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(","),
         args.seconds,
+        args.warm_up,
         args.partitions,
         args.only
             .as_ref()
@@ -435,14 +459,14 @@ fn table(command: &str, args: &LatencyArgs, rows: &[Value], chart_rate: u64) -> 
     let mut text = format!(
         "Measured with `{command}`: {} partitions, `processing_time = \"0s\"` unless the \
          configuration names the continuous trigger, records stamped with their send time for \
-         {} s at each rate. Sluice's latency is from the send to the moment a reader sees the \
+         {} s at each rate, after {} s of warm-up records that no figure counts. Sluice's latency is from the send to the moment a reader sees the \
          record: its batch file renamed into place for `jsonl`, a consumer receiving it for \
          `kafka` (`read_committed` for `exactly_once`). \"Kafka alone\" is a consumer of the \
          input topic in the same run. Milliseconds; phases are medians per batch (an epoch, \
          for the continuous trigger) that read records.\n\n\
          | configuration | rate/s | p50 | p99 | p999 | Kafka alone p50 / p99 | batches | batch p50 | latestOffset / walCommit / addBatch / sinkCommit / commitOffsets |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
-        args.partitions, args.seconds
+        args.partitions, args.seconds, args.warm_up
     );
     for row in rows {
         let (l, a, p) = (&row["latency"], &row["kafka_alone"], &row["phases_p50_ms"]);

@@ -93,27 +93,25 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Waits until everything `producer` has queued is acknowledged, or `timeout`.
 ///
-/// `Producer::flush` of a `ThreadedProducer` polls the producer's queue for up
-/// to 100 ms between checks, and that queue is served by the producer's own
-/// thread, so the poll always waits its full 100 ms: every batch would take at
-/// least that long. Checking with a zero timeout and sleeping a little between
-/// checks costs the same few calls and returns within a millisecond of the last
-/// acknowledgement.
+/// rdkafka's `flush` asks librdkafka's with a zero timeout and then polls the
+/// producer's queue for up to 100 ms, a queue the threaded producer's own thread
+/// serves, so every batch took at least 100 ms. Asking with a zero timeout in a
+/// loop of our own was prompt to notice, but librdkafka sends at once, ignoring
+/// `linger.ms`, only while a flush call is under way, and a zero-timeout call
+/// ends before the broker thread looks: the batch's last records waited out
+/// `linger.ms` (5 ms by default). At 10,000 records/s into an exactly-once
+/// sink, that flush took 4.6 ms at p50 against 0.6 ms for the commit after it.
+/// librdkafka's flush called with the whole timeout holds the flag while it
+/// waits, and as rdkafka uses librdkafka's event API, it waits on a condition
+/// that librdkafka signals when its last message is done.
 fn flush_promptly(producer: &ThreadedProducer<Deliveries>, timeout: Duration) -> KafkaResult<()> {
-    let start = std::time::Instant::now();
-    let mut pause = Duration::from_micros(50);
-    loop {
-        match producer.flush(Duration::ZERO) {
-            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut))
-                if start.elapsed() < timeout =>
-            {
-                // Backpressure, not a retry: the acknowledgements are on their
-                // way, and the producer's thread delivers them.
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(1));
-            }
-            done => return done,
-        }
+    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: the handle is live for as long as `producer` is borrowed, and
+    // librdkafka allows a flush from any thread.
+    let code = unsafe { rdkafka::bindings::rd_kafka_flush(producer.client().native_ptr(), millis) };
+    match RDKafkaErrorCode::from(code) {
+        RDKafkaErrorCode::NoError => Ok(()),
+        code => Err(KafkaError::Flush(code)),
     }
 }
 
