@@ -52,16 +52,13 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
-        ["stamp", bootstrap, topic, rate, seconds] => {
-            stamp(bootstrap, topic, rate.parse()?, seconds.parse()?, 0)
+        ["stamp", bootstrap, topic, rate, seconds, warm_up @ ..] if warm_up.len() <= 1 => {
+            let warm_up = match warm_up.first() {
+                Some(seconds) => seconds.parse()?,
+                None => 0,
+            };
+            stamp(bootstrap, topic, rate.parse()?, seconds.parse()?, warm_up)
         }
-        ["stamp", bootstrap, topic, rate, seconds, warm_up] => stamp(
-            bootstrap,
-            topic,
-            rate.parse()?,
-            seconds.parse()?,
-            warm_up.parse()?,
-        ),
         ["read-jsonl", dir, records, timeout] => {
             let latencies = read_jsonl(Path::new(dir), records.parse()?, seconds(timeout)?)?;
             println!("{}", summary(latencies));
