@@ -34,6 +34,9 @@ pub struct LatencyArgs {
     /// Seconds of records sent before the measured ones, which no figure counts.
     pub warm_up: u64,
     pub partitions: u32,
+    /// How many times each configuration runs at each rate; the run with the
+    /// median p99 is reported.
+    pub runs: usize,
     /// Only the configurations whose name contains this.
     pub only: Option<String>,
 }
@@ -45,6 +48,7 @@ impl LatencyArgs {
             seconds: 10,
             warm_up: 1,
             partitions: 8,
+            runs: 1,
             only: None,
         };
         let mut it = args.iter();
@@ -65,10 +69,11 @@ impl LatencyArgs {
                 "--seconds" => parsed.seconds = number(value)?.max(1),
                 "--warm-up" => parsed.warm_up = number(value)?,
                 "--partitions" => parsed.partitions = u32::try_from(number(value)?)?.max(1),
+                "--runs" => parsed.runs = usize::try_from(number(value)?)?.max(1),
                 "--only" => parsed.only = Some(value.clone()),
                 other => bail!(
                     "unknown option {other}: use --rates 100,10000,100000, --seconds N, \
-                     --warm-up N, --partitions P, --only NAME"
+                     --warm-up N, --partitions P, --runs N, --only NAME"
                 ),
             }
         }
@@ -392,20 +397,30 @@ pub fn latency(root: &Path, args: &LatencyArgs) -> Result<()> {
             CONFIGURATIONS.map(|c| c.name).join(", ")
         );
     }
-    let mut rows = Vec::new();
-    for &rate in &args.rates {
-        for configuration in &chosen {
-            rows.push(measure(
-                root,
-                (&sluice, &bench, &probe),
-                configuration,
-                rate,
-                args,
-            )?);
+    // Rounds over every configuration rather than one configuration's runs in a
+    // row, so that a slow spell of the machine falls on several configurations
+    // once each instead of on all runs of one.
+    let mut runs: Vec<Vec<Value>> = Vec::new();
+    for _ in 0..args.runs {
+        let mut round = Vec::new();
+        for &rate in &args.rates {
+            for configuration in &chosen {
+                round.push(measure(
+                    root,
+                    (&sluice, &bench, &probe),
+                    configuration,
+                    rate,
+                    args,
+                )?);
+            }
         }
+        runs.push(round);
     }
+    let rows: Vec<Value> = (0..runs[0].len())
+        .map(|i| median_run(runs.iter().map(|round| round[i].clone()).collect()))
+        .collect();
     let command = format!(
-        "cargo xtask bench latency --rates {} --seconds {} --warm-up {} --partitions {}{}",
+        "cargo xtask bench latency --rates {} --seconds {} --warm-up {} --partitions {} --runs {}{}",
         args.rates
             .iter()
             .map(u64::to_string)
@@ -414,6 +429,7 @@ pub fn latency(root: &Path, args: &LatencyArgs) -> Result<()> {
         args.seconds,
         args.warm_up,
         args.partitions,
+        args.runs,
         args.only
             .as_ref()
             .map(|o| format!(" --only {o:?}"))
@@ -454,24 +470,37 @@ pub fn latency(root: &Path, args: &LatencyArgs) -> Result<()> {
     )
 }
 
+/// Of one configuration's runs at one rate, the run whose p99 is the median
+/// (the lower of the middle two for an even count), with every run's p99 beside it.
+fn median_run(mut runs: Vec<Value>) -> Value {
+    let p99 = |run: &Value| run["latency"]["p99_ms"].as_f64().unwrap_or(f64::INFINITY);
+    runs.sort_by(|a, b| p99(a).total_cmp(&p99(b)));
+    let each: Vec<f64> = runs.iter().map(p99).collect();
+    let mut chosen = runs.swap_remove((runs.len() - 1) / 2);
+    chosen["p99_each_run"] = json!(each);
+    chosen
+}
+
 fn table(command: &str, args: &LatencyArgs, rows: &[Value], chart_rate: u64) -> String {
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     let mut text = format!(
         "Measured with `{command}`: {} partitions, `processing_time = \"0s\"` unless the \
          configuration names the continuous trigger, records stamped with their send time for \
-         {} s at each rate, after {} s of warm-up records that no figure counts. Sluice's latency is from the send to the moment a reader sees the \
+         {} s at each rate, after {} s of warm-up records that no figure counts; each \
+         configuration ran {} times at each rate, in rounds, and each row is the run with the \
+         median p99 (every run's p99 in the last column). Sluice's latency is from the send to the moment a reader sees the \
          record: its batch file renamed into place for `jsonl`, a consumer receiving it for \
          `kafka` (`read_committed` for `exactly_once`). \"Kafka alone\" is a consumer of the \
          input topic in the same run. Milliseconds; phases are medians per batch (an epoch, \
          for the continuous trigger) that read records.\n\n\
-         | configuration | rate/s | p50 | p99 | p999 | Kafka alone p50 / p99 | batches | batch p50 | latestOffset / walCommit / addBatch / sinkCommit / commitOffsets |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
-        args.partitions, args.seconds, args.warm_up
+         | configuration | rate/s | p50 | p99 | p999 | Kafka alone p50 / p99 | batches | batch p50 | latestOffset / walCommit / addBatch / sinkCommit / commitOffsets | p99, each run |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        args.partitions, args.seconds, args.warm_up, args.runs
     );
     for row in rows {
         let (l, a, p) = (&row["latency"], &row["kafka_alone"], &row["phases_p50_ms"]);
         text.push_str(&format!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {} | {:.1} | {:.1} / {:.1} / {:.1} / {:.1} / {:.1} |\n",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {} | {:.1} | {:.1} / {:.1} / {:.1} / {:.1} / {:.1} | {} |\n",
             row["name"].as_str().unwrap_or_default(),
             row["rate"],
             f(&l["p50_ms"]),
@@ -486,6 +515,13 @@ fn table(command: &str, args: &LatencyArgs, rows: &[Value], chart_rate: u64) -> 
             f(&p["addBatch"]),
             f(&p["sinkCommit"]),
             f(&p["commitOffsets"]),
+            row["p99_each_run"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| format!("{:.1}", f(v)))
+                .collect::<Vec<_>>()
+                .join(", "),
         ));
     }
     text.push_str(&format!(

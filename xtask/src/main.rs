@@ -57,7 +57,7 @@ Tasks:
   bench partitions [--records N] [--partitions 8,256,1024] [--runs R] [--batch-bytes B]
                 the same over several partition counts, at the default batch size and
                 10,000 offsets per trigger, with both stores: ratios and peak RSS
-  bench latency [--rates 100,10000,100000] [--seconds N] [--partitions P] [--only NAME]
+  bench latency [--rates 100,10000,100000] [--seconds N] [--warm-up N] [--partitions P] [--runs N] [--only NAME]
                 send-to-visible latency with processing_time = \"0s\", to jsonl and to the kafka
                 sink, with both stores, beside Kafka's own latency in the same run
   bench scale-out [--records N] [--runs R] [--rebalances K]
