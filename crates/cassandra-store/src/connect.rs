@@ -68,8 +68,13 @@ impl Connection {
         let profile = ExecutionProfile::builder()
             .retry_policy(Arc::new(FallthroughRetryPolicy::new()))
             .build();
+        // The store and the sink read the schema they need from
+        // `system_schema` themselves; the driver's copy of every keyspace's
+        // tables and columns, refreshed each minute, would only cost memory and
+        // start-up time, the more so on a cluster with many keyspaces.
         let mut builder = SessionBuilder::new()
             .known_nodes(&self.nodes)
+            .fetch_schema_metadata(false)
             .connection_timeout(self.connect_timeout)
             .default_execution_profile_handle(profile.into_handle());
         match (&self.username, &self.password) {
