@@ -107,7 +107,7 @@ impl std::fmt::Debug for Redacted<'_> {
 
 /// The default of [`KafkaSourceConfig::read_ahead_bytes`]. At 1,024
 /// partitions and 10,000 records per trigger, 24 MiB held the process at a
-/// median peak RSS of 95 MiB against 104-112 with 32, at the same speed
+/// median peak RSS of 93 MiB against 104 with 32, at the same speed
 /// (docs/benchmarks.md); fewer partitions reach their 2 MiB cap either way.
 pub const DEFAULT_READ_AHEAD_BYTES: usize = 24 * 1024 * 1024;
 
