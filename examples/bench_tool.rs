@@ -233,7 +233,13 @@ fn consume(bootstrap: &str, topic: &str, to: Option<&str>) -> Result<()> {
             "queued.max.messages.kbytes",
             (sluice_kafka_source::DEFAULT_READ_AHEAD_BYTES / 1024).to_string(),
         )
-        .set("fetch.max.bytes", "8388608")
+        .set(
+            "fetch.max.bytes",
+            sluice_kafka_source::default_fetch_max_bytes(
+                sluice_kafka_source::DEFAULT_READ_AHEAD_BYTES,
+            )
+            .to_string(),
+        )
         .create()?;
     let ends = ends(&consumer, topic)?;
     let total: i64 = ends.iter().map(|(_, h)| *h).sum();

@@ -30,8 +30,8 @@ use sluice_offsets::{
 
 use client::{Client, Position};
 pub use config::{
-    DEFAULT_READ_AHEAD_BYTES, KafkaSourceConfig, TopicSelection, is_secret_option,
-    is_security_option,
+    DEFAULT_READ_AHEAD_BYTES, KafkaSourceConfig, TopicSelection, default_fetch_max_bytes,
+    is_secret_option, is_security_option,
 };
 pub use error::KafkaSourceError;
 pub use membership::{GroupConfig, GroupProtocol, KafkaMembership, live_members};
@@ -137,8 +137,8 @@ impl KafkaSource {
         client_config.set("fetch.wait.max.ms", "20");
         // One fetch response may hold up to max.partition.fetch.bytes (1 MiB) of
         // every partition, up to this much in all (50 MiB by default), and lives in
-        // memory until its last record is read.
-        client_config.set("fetch.max.bytes", FETCH_MAX_BYTES.to_string());
+        // memory until its last record is read: so it follows the read-ahead.
+        client_config.set("fetch.max.bytes", config.fetch_max_bytes().to_string());
         for (key, value) in &config.client_options {
             client_config.set(key, value);
         }
@@ -220,9 +220,6 @@ pub(crate) async fn off_thread<T: Send + 'static>(
         .await
         .map_err(|e| KafkaSourceError::Task(e.to_string()))
 }
-
-/// `fetch.max.bytes` unless the configuration sets another.
-pub(crate) const FETCH_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// How many chunks a read may have ready before the sink takes them: enough to
 /// keep the reading thread busy while the sink works, few enough to bound memory.

@@ -1547,10 +1547,7 @@ fn create_consumer(
     // larger record batch still arrives: librdkafka doubles a partition's limit
     // when a fetch brought it nothing whole.
     if !options.contains_key("max.partition.fetch.bytes") {
-        let fetch = options
-            .get("fetch.max.bytes")
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(crate::FETCH_MAX_BYTES);
+        let fetch = client.config.fetch_max_bytes();
         let bytes = (fetch / partitions.max(1))
             .min(share / 2)
             .clamp(MIN_PARTITION_FETCH_BYTES, 1024 * 1024);
