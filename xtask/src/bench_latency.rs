@@ -187,12 +187,17 @@ fn probe_path(root: &Path) -> PathBuf {
 
 /// The median of each phase over the batches that read records past the
 /// warm-up's `warm_up` records, in ms.
-fn phases(progress: &[Value], warm_up: u64) -> Value {
-    let with_rows: Vec<&Value> = progress
+/// The batches that had rows and began after the warm-up's records.
+fn measured_batches(progress: &[Value], warm_up: u64) -> Vec<&Value> {
+    progress
         .iter()
         .filter(|p| p["numInputRows"].as_u64().unwrap_or(0) > 0)
         .filter(|p| started_at(p) >= warm_up)
-        .collect();
+        .collect()
+}
+
+fn phases(progress: &[Value], warm_up: u64) -> Value {
+    let with_rows = measured_batches(progress, warm_up);
     let mut out = serde_json::Map::new();
     out.insert("batches".into(), json!(with_rows.len()));
     for phase in [
@@ -211,6 +216,45 @@ fn phases(progress: &[Value], warm_up: u64) -> Value {
         out.insert(phase.into(), json!(percentile(values, 0.5)));
     }
     Value::Object(out)
+}
+
+/// The slowest measured batch: its id and its phases in ms.
+fn slowest(progress: &[Value], warm_up: u64) -> Value {
+    // A p99 that stands out is usually one batch that stalled; which phase it
+    // stalled in says where to look.
+    let micros = |p: &Value, phase: &str| p["durationMicros"][phase].as_f64().unwrap_or(0.0);
+    let with_rows = measured_batches(progress, warm_up);
+    let Some(slowest) = with_rows
+        .iter()
+        .max_by(|a, b| micros(a, "triggerExecution").total_cmp(&micros(b, "triggerExecution")))
+    else {
+        return Value::Null;
+    };
+    let mut phases = serde_json::Map::new();
+    for (phase, us) in slowest["durationMicros"].as_object().into_iter().flatten() {
+        phases.insert(phase.clone(), json!(us.as_f64().unwrap_or(0.0) / 1000.0));
+    }
+    json!({ "batchId": slowest["batchId"], "ms": phases })
+}
+
+/// "batch N: T ms (phase a, phase b, ...)" for a [`slowest`] batch.
+fn slowest_line(slowest: &Value) -> String {
+    let Some(ms) = slowest["ms"].as_object() else {
+        return "no batch with rows".to_owned();
+    };
+    let parts: Vec<String> = ms
+        .iter()
+        .filter(|(phase, _)| *phase != "triggerExecution")
+        .map(|(phase, v)| format!("{phase} {:.1}", v.as_f64().unwrap_or(0.0)))
+        .collect();
+    format!(
+        "batch {}: {:.1} ms ({})",
+        slowest["batchId"],
+        ms.get("triggerExecution")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0),
+        parts.join(", ")
+    )
 }
 
 /// How many records of the input the batch's sources had read before it began:
@@ -234,6 +278,7 @@ fn measure(
     tools: (&Path, &Path, &Path),
     configuration: &Configuration,
     rate: u64,
+    round: usize,
     args: &LatencyArgs,
 ) -> Result<Value> {
     let (sluice, bench, probe) = tools;
@@ -245,7 +290,9 @@ fn measure(
         .join("target")
         .join("bench")
         .join("latency")
-        .join(format!("{}-{rate}", slug(configuration.name)));
+        // A directory per round keeps every run's progress file, so that a
+        // run whose p99 stands out can be read batch by batch afterwards.
+        .join(format!("{}-{rate}-round{round}", slug(configuration.name)));
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
     }
@@ -349,11 +396,13 @@ fn measure(
             config.display()
         );
     }
-    let phases = phases(&progress_lines(&dir), rate * args.warm_up);
+    let lines = progress_lines(&dir);
+    let phases = phases(&lines, rate * args.warm_up);
+    let slowest = slowest(&lines, rate * args.warm_up);
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
         "{} at {rate}/s ({:.1} s): p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms; Kafka alone p50 {:.1} \
-         ms, p99 {:.1} ms; {} batches, p50 {:.1} ms each",
+         ms, p99 {:.1} ms; {} batches, p50 {:.1} ms each; the slowest {}; progress in {}",
         configuration.name,
         started.elapsed().as_secs_f64(),
         f(&output["p50_ms"]),
@@ -363,6 +412,8 @@ fn measure(
         f(&alone["p99_ms"]),
         phases["batches"],
         f(&phases["triggerExecution"]),
+        slowest_line(&slowest),
+        progress.display(),
     );
     // The topics of a run are its own; deleting them keeps the broker's disk and
     // metadata small over many runs.
@@ -376,6 +427,7 @@ fn measure(
         "latency": output,
         "kafka_alone": alone,
         "phases_p50_ms": phases,
+        "slowest_batch": slowest,
     }))
 }
 
@@ -401,7 +453,7 @@ pub fn latency(root: &Path, args: &LatencyArgs) -> Result<()> {
     // row, so that a slow spell of the machine falls on several configurations
     // once each instead of on all runs of one.
     let mut runs: Vec<Vec<Value>> = Vec::new();
-    for _ in 0..args.runs {
+    for number in 1..=args.runs {
         let mut round = Vec::new();
         for &rate in &args.rates {
             for configuration in &chosen {
@@ -410,6 +462,7 @@ pub fn latency(root: &Path, args: &LatencyArgs) -> Result<()> {
                     (&sluice, &bench, &probe),
                     configuration,
                     rate,
+                    number,
                     args,
                 )?);
             }
@@ -528,4 +581,32 @@ fn table(command: &str, args: &LatencyArgs, rows: &[Value], chart_rate: u64) -> 
         "\n![latency histograms at {chart_rate} records/s](benchmarks-latency.svg)\n"
     ));
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(id: u64, start: u64, rows: u64, total_us: u64, wal_us: u64) -> Value {
+        json!({
+            "batchId": id,
+            "numInputRows": rows,
+            "sources": [{ "startOffset": { "t": { "0": start } } }],
+            "durationMicros": { "triggerExecution": total_us, "walCommit": wal_us },
+        })
+    }
+
+    #[test]
+    fn the_slowest_batch_is_measured_only_after_the_warm_up_and_with_rows() {
+        let progress = vec![
+            batch(0, 0, 100, 900_000, 1_000),   // in the warm-up
+            batch(1, 100, 100, 30_000, 21_700), // the slowest measured
+            batch(2, 200, 0, 800_000, 0),       // no rows
+            batch(3, 200, 100, 5_000, 1_000),
+        ];
+        let slowest = slowest(&progress, 100);
+        assert_eq!(slowest["batchId"], 1);
+        assert_eq!(slowest_line(&slowest), "batch 1: 30.0 ms (walCommit 21.7)");
+        assert_eq!(slowest_line(&super::slowest(&[], 0)), "no batch with rows");
+    }
 }
