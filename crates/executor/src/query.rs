@@ -9,7 +9,7 @@ use sluice_offsets::{
     DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetRange, OffsetStore,
     PartitionOffsets, PassThrough, Processed, Processor, RecordChunk, Recovery, Sink, Source,
     StartingOffsets, StateFileId, StateFileKind, StateGap, TopicPartition, apply_data_loss_policy,
-    classify_batch, purge_threshold, rate_limit, should_run_batch, snapshot_due, state_files_for,
+    classify_batch, purge_due, rate_limit, should_run_batch, snapshot_due, state_files_for,
     state_files_to_purge_in,
 };
 use tokio::sync::watch;
@@ -696,7 +696,7 @@ where
             // Only lag monitors read the group's offsets; the store holds the truth.
             tracing::warn!(error = %e, "committing progress to the consumer group failed");
         }
-        if let Some(keep_from) = purge_threshold(batch, self.options.min_batches_to_retain) {
+        if let Some(keep_from) = purge_due(batch, self.options.min_batches_to_retain) {
             retrying!(
                 self,
                 Part::Store,

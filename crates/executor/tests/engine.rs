@@ -631,6 +631,46 @@ async fn processing_time_runs_new_data_as_it_arrives_and_stops_on_request() {
 }
 
 #[tokio::test]
+async fn old_batches_are_purged_in_bulk_keeping_at_least_the_retention() {
+    // 38 batches of one record, 10 retained: purges come when the oldest batch
+    // to keep is a multiple of 3, the last after batch 36 (keeping 27 on).
+    let source = MemSource::with(&[(0, 38)]);
+    let store = MemStore::default();
+    let mut query = Query::new(
+        QueryOptions {
+            min_batches_to_retain: 10,
+            ..options(Trigger::AvailableNow, Some(1))
+        },
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        MemSink::default(),
+    );
+    let summary = query.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!(summary.batches, 38);
+    let plans: Vec<u64> = store.plans.lock().unwrap().keys().map(|b| b.0).collect();
+    let commits: Vec<u64> = store.commits.lock().unwrap().keys().map(|b| b.0).collect();
+    assert_eq!(plans, (27..38).collect::<Vec<_>>());
+    assert_eq!(commits, plans);
+
+    // A restart goes on from there, and the next due purge takes what is old.
+    source.logs.lock().unwrap().insert(tp(0), (0, 40));
+    let mut query = Query::new(
+        QueryOptions {
+            min_batches_to_retain: 10,
+            ..options(Trigger::AvailableNow, Some(1))
+        },
+        "q".into(),
+        source,
+        store.clone(),
+        MemSink::default(),
+    );
+    assert_eq!(query.run(never_stop(), |_| {}).await.unwrap().batches, 2);
+    let plans: Vec<u64> = store.plans.lock().unwrap().keys().map(|b| b.0).collect();
+    assert_eq!(plans, (30..40).collect::<Vec<_>>(), "purged after batch 39");
+}
+
+#[tokio::test]
 async fn purged_offsets_stop_the_query_or_are_skipped_and_counted() {
     let source = MemSource::with(&[(0, 10)]);
     let store = MemStore::default();

@@ -50,7 +50,8 @@ pub use processor::{
 };
 pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
 pub use recovery::{
-    DEFAULT_MIN_BATCHES_TO_RETAIN, Inconsistency, Log, Recovery, decide_recovery, purge_threshold,
+    DEFAULT_MIN_BATCHES_TO_RETAIN, Inconsistency, Log, Recovery, decide_recovery, purge_due,
+    purge_interval, purge_threshold,
 };
 pub use source::{
     BatchReader, Header, PartitionRecords, ReadBatch, Record, Sink, Source, TimestampType, read_all,

@@ -158,6 +158,25 @@ pub fn purge_threshold(latest: BatchId, min_batches_to_retain: u64) -> Option<Ba
     (keep_from > 0).then_some(BatchId(keep_from))
 }
 
+/// How many batches past `min_batches_to_retain` a store may hold before they
+/// are purged together: three tenths of it, at least one, as Spark 4's
+/// `ratioExtraSpaceAllowedInCheckpoint` (0.3) does for state versions.
+pub fn purge_interval(min_batches_to_retain: u64) -> u64 {
+    (min_batches_to_retain.saturating_mul(3).saturating_add(5) / 10).max(1)
+}
+
+/// The [`purge_threshold`] after `latest` is committed, when it is time to
+/// purge: once every [`purge_interval`] batches, so that a store deletes old
+/// entries in bulk rather than two with every batch (each purge of the Cassandra
+/// store is a serial read and two range deletions, each leaving a tombstone in
+/// the query's partition). A store then holds `min_batches_to_retain` to
+/// `min_batches_to_retain + purge_interval - 1` batches, and a restart purges
+/// everything older at the next due batch.
+pub fn purge_due(latest: BatchId, min_batches_to_retain: u64) -> Option<BatchId> {
+    purge_threshold(latest, min_batches_to_retain)
+        .filter(|keep_from| keep_from.0 % purge_interval(min_batches_to_retain) == 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +184,32 @@ mod tests {
 
     fn ids(range: std::ops::Range<u64>) -> Vec<BatchId> {
         range.map(BatchId).collect()
+    }
+
+    #[test]
+    fn purges_come_every_three_tenths_of_the_retention_and_keep_what_recovery_needs() {
+        assert_eq!(purge_interval(100), 30);
+        assert_eq!(purge_interval(5), 2);
+        assert_eq!(purge_interval(3), 1);
+        assert_eq!(purge_interval(1), 1);
+        assert_eq!(purge_interval(u64::MAX), u64::MAX / 10);
+        let due: Vec<u64> = (0..200)
+            .filter_map(|b| purge_due(BatchId(b), 100).map(|k| k.0))
+            .collect();
+        assert_eq!(due, vec![30, 60, 90]);
+        // Between purges the store holds at least the retention and less than the
+        // retention and the interval.
+        let mut oldest = 0;
+        for latest in 0..1000u64 {
+            if let Some(keep_from) = purge_due(BatchId(latest), 100) {
+                oldest = keep_from.0;
+            }
+            let held = latest + 1 - oldest;
+            assert!(held >= 100.min(latest + 1), "batch {latest}: {held} held");
+            assert!(held < 130, "batch {latest}: {held} held");
+        }
+        // Retaining one batch purges after every batch, as before.
+        assert_eq!(purge_due(BatchId(7), 1), purge_threshold(BatchId(7), 1));
     }
 
     #[test]
