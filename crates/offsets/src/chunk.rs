@@ -113,6 +113,10 @@ pub struct RecordParts<'a> {
 }
 
 impl RecordChunk {
+    /// The most topics one chunk holds records of (its entries' topic index is
+    /// 16 bits).
+    pub const MAX_TOPICS: usize = 1 << 16;
+
     /// An empty chunk with room for about `records` records of `bytes` bytes in all.
     pub fn with_capacity(records: usize, bytes: usize) -> RecordChunk {
         RecordChunk::with_room(records, bytes, 0)
@@ -120,6 +124,13 @@ impl RecordChunk {
 
     /// Copies a record of `topic` into the chunk, with `headers` as (name, value)
     /// pairs.
+    ///
+    /// # Panics
+    ///
+    /// When the chunk would hold 4 GiB of keys, values and headers, or records of
+    /// more than [`RecordChunk::MAX_TOPICS`] topics: its entries keep 32-bit
+    /// places and a 16-bit topic index. The source's chunks hold at most 1,024
+    /// records, and [`RecordChunk::has_room_for`] bounds their bytes.
     pub fn push<'h>(
         &mut self,
         topic: &Arc<str>,
@@ -148,7 +159,8 @@ impl RecordChunk {
         });
     }
 
-    /// Copies a record of another chunk into this one.
+    /// Copies a record of another chunk into this one. Panics as
+    /// [`RecordChunk::push`] does.
     pub fn push_ref(&mut self, record: RecordRef<'_>) {
         self.push(
             record.topic_arc(),
@@ -164,7 +176,8 @@ impl RecordChunk {
         );
     }
 
-    /// Copies an owned record into the chunk.
+    /// Copies an owned record into the chunk. Panics as [`RecordChunk::push`]
+    /// does.
     pub fn push_record(&mut self, record: &Record) {
         self.push(
             &record.topic,
@@ -197,7 +210,7 @@ impl RecordChunk {
                 }
             },
         };
-        u16::try_from(i).expect("a RecordChunk holds records of at most 65,536 topics")
+        u16::try_from(i).expect("a RecordChunk holds records of at most MAX_TOPICS topics")
     }
 
     fn copy(&mut self, bytes: Option<&[u8]>) -> Span {
@@ -493,6 +506,37 @@ mod tests {
                 Vec::new()
             },
         }
+    }
+
+    fn push_one_of(chunk: &mut RecordChunk, topic: &Arc<str>) {
+        let parts = RecordParts {
+            partition: 0,
+            offset: Offset::new(0).unwrap(),
+            timestamp_ms: None,
+            timestamp_type: TimestampType::CreateTime,
+            key: None,
+            value: Some(b"v"),
+        };
+        chunk.push(topic, parts, std::iter::empty());
+    }
+
+    #[test]
+    fn a_chunk_holds_records_of_max_topics_topics_and_panics_at_one_more() {
+        let topic = |i: usize| -> Arc<str> { Arc::from(format!("t{i}").as_str()) };
+        let mut chunk = RecordChunk::with_capacity(2, 2);
+        // As if records of the first MAX_TOPICS - 1 topics had been pushed.
+        chunk.topics = (0..RecordChunk::MAX_TOPICS - 1).map(topic).collect();
+        push_one_of(&mut chunk, &topic(RecordChunk::MAX_TOPICS - 1));
+        assert_eq!(chunk.topics.len(), RecordChunk::MAX_TOPICS);
+        let last = chunk.get(0).unwrap();
+        assert_eq!(last.topic(), format!("t{}", RecordChunk::MAX_TOPICS - 1));
+        let more = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            push_one_of(&mut chunk, &topic(RecordChunk::MAX_TOPICS));
+        }));
+        assert!(
+            more.is_err(),
+            "a topic beyond MAX_TOPICS must not be pushed"
+        );
     }
 
     #[test]
