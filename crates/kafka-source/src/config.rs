@@ -119,9 +119,10 @@ pub const DEFAULT_READ_AHEAD_BYTES: usize = 24 * 1024 * 1024;
 /// costs about three times its size while the reading thread copies it out.
 /// With a fixed 8 MiB, that burst rose over the read-ahead: at 1,024
 /// partitions and 10,000 records per trigger the process peaked at 91-105 MiB,
-/// and at 84-92 with 3 MiB. Smaller fetches also read 8 partitions in one
-/// batch faster (1.40-1.75 s against 1.61-1.89 s for 5,000,000 records), as
-/// the reading thread starts on each sooner (docs/benchmarks.md).
+/// and at 84-95 with 3 MiB, on either store. Smaller fetches also read 8
+/// partitions in one batch faster (1.40-1.75 s against 1.61-1.89 s for
+/// 5,000,000 records), as the reading thread starts on each sooner
+/// (docs/benchmarks.md).
 pub fn default_fetch_max_bytes(read_ahead_bytes: usize) -> usize {
     (read_ahead_bytes / 8).clamp(1024 * 1024, 8 * 1024 * 1024)
 }
