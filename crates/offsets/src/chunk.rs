@@ -205,6 +205,12 @@ impl RecordChunk {
             _ => match self.topics.iter().position(|t| t == topic) {
                 Some(i) => i,
                 None => {
+                    // Refused before the list grows, so a caller that catches
+                    // the panic still has a consistent chunk.
+                    assert!(
+                        self.topics.len() < RecordChunk::MAX_TOPICS,
+                        "a RecordChunk holds records of at most MAX_TOPICS topics"
+                    );
                     self.topics.push(topic.clone());
                     self.topics.len() - 1
                 }
@@ -404,13 +410,7 @@ impl<'a> RecordRef<'a> {
 
     /// The memory the record takes in its chunk ([`RecordChunk::footprint`]).
     pub fn footprint(&self) -> usize {
-        let len = |span: Span| span.range().map_or(0, |r| r.len());
-        let headers = self.header_entries();
-        let header_bytes: usize = headers.iter().map(|h| len(h.key) + len(h.value)).sum();
-        RecordChunk::footprint(
-            len(self.entry.key()) + len(self.entry.value()) + header_bytes,
-            headers.len(),
-        )
+        RecordChunk::footprint(self.byte_len(), self.header_count())
     }
 
     /// How many headers the record has.
@@ -441,8 +441,9 @@ impl<'a> RecordRef<'a> {
     pub fn byte_len(&self) -> usize {
         let len = |span: Span| span.range().map_or(0, |r| r.len());
         let headers: usize = self
-            .headers()
-            .map(|(name, value)| name.len() + value.map_or(0, <[u8]>::len))
+            .header_entries()
+            .iter()
+            .map(|h| len(h.key) + len(h.value))
             .sum();
         len(self.entry.key()) + len(self.entry.value()) + headers
     }
