@@ -1,12 +1,13 @@
 //! Measures one batch's plan+commit against the offset stores, with the
 //! baselines beside them in the same run:
 //!
-//! - Cassandra with fencing (two lightweight transactions), against the same two
+//! - Cassandra with fencing (two lightweight transactions), and with each
+//!   commit written together with the next plan (one), against the same two
 //!   rows written as plain `LOCAL_QUORUM` updates without conditions;
 //! - the filesystem checkpoint (two fsynced files).
 //!
 //! ```text
-//! cargo run --release -p sluice-examples --example store_latency -- [cassandra host:port] [iterations]
+//! cargo run --release -p sluice-examples --example store_latency -- [cassandra host:port] [iterations] [partitions]
 //! ```
 
 use std::time::{Duration, Instant};
@@ -20,9 +21,9 @@ use sluice_offsets::{
     TopicPartition,
 };
 
-fn plan(batch: u64) -> BatchPlan {
+fn plan(batch: u64, partitions: i32) -> BatchPlan {
     let offsets = |base: i64| -> PartitionOffsets {
-        (0..8)
+        (0..partitions)
             .map(|p| {
                 (
                     TopicPartition::new("events", p),
@@ -41,18 +42,42 @@ fn plan(batch: u64) -> BatchPlan {
     .unwrap()
 }
 
-async fn time_store<S: OffsetStore>(store: &mut S, iterations: u64) -> Result<Vec<Duration>> {
+fn commit(batch: u64) -> BatchCommit {
+    BatchCommit {
+        id: BatchId(batch),
+        next_watermark_ms: 0,
+    }
+}
+
+async fn time_store<S: OffsetStore>(
+    store: &mut S,
+    iterations: u64,
+    partitions: i32,
+) -> Result<Vec<Duration>> {
     let mut times = Vec::new();
     for batch in 0..iterations {
-        let plan = plan(batch);
+        let plan = plan(batch, partitions);
         let start = Instant::now();
         store.write_plan(&plan).await?;
-        store
-            .write_commit(&BatchCommit {
-                id: BatchId(batch),
-                next_watermark_ms: 0,
-            })
-            .await?;
+        store.write_commit(&commit(batch)).await?;
+        times.push(start.elapsed());
+    }
+    Ok(times)
+}
+
+/// Each batch's commit written with the next batch's plan, as the executor
+/// does when batches follow one another at once.
+async fn time_joined<S: OffsetStore>(
+    store: &mut S,
+    iterations: u64,
+    partitions: i32,
+) -> Result<Vec<Duration>> {
+    store.write_plan(&plan(0, partitions)).await?;
+    let mut times = Vec::new();
+    for batch in 0..iterations {
+        let next = plan(batch + 1, partitions);
+        let start = Instant::now();
+        store.write_commit_and_plan(&commit(batch), &next).await?;
         times.push(start.elapsed());
     }
     Ok(times)
@@ -75,6 +100,7 @@ async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let node = args.next().unwrap_or_else(|| "127.0.0.1:9042".to_owned());
     let iterations: u64 = args.next().map(|n| n.parse()).transpose()?.unwrap_or(300);
+    let partitions: i32 = args.next().map(|n| n.parse()).transpose()?.unwrap_or(8);
     let keyspace = format!("sluice_latency_{}", std::process::id());
     let location = CassandraLocation {
         nodes: vec![node.clone()],
@@ -85,8 +111,17 @@ async fn main() -> Result<()> {
         replication: Some("{'class': 'SimpleStrategy', 'replication_factor': 1}".to_owned()),
         ..CassandraOptions::default()
     };
-    let mut fenced = CassandraStore::open(location, options).await?;
-    let fenced_times = time_store(&mut fenced, iterations).await?;
+    let mut fenced = CassandraStore::open(location.clone(), options.clone()).await?;
+    let fenced_times = time_store(&mut fenced, iterations, partitions).await?;
+    let mut joined = CassandraStore::open(
+        CassandraLocation {
+            query: "joined".to_owned(),
+            ..location
+        },
+        options,
+    )
+    .await?;
+    let joined_times = time_joined(&mut joined, iterations, partitions).await?;
 
     // The baseline: the same two rows per batch, written without conditions.
     let session = scylla::client::session_builder::SessionBuilder::new()
@@ -102,7 +137,7 @@ async fn main() -> Result<()> {
     write.set_consistency(Consistency::LocalQuorum);
     let mut plain_times = Vec::new();
     for batch in 0..iterations {
-        let plan = plan(batch);
+        let plan = plan(batch, partitions);
         let (start_json, end_json) = (
             sluice_offsets::offsets_to_json(&plan.start_offsets()),
             sluice_offsets::offsets_to_json(&plan.end_offsets()),
@@ -125,10 +160,11 @@ async fn main() -> Result<()> {
 
     let dir = tempfile::tempdir()?;
     let mut checkpoint = Checkpoint::open(dir.path().join("checkpoint"))?;
-    let fs_times = time_store(&mut checkpoint, iterations).await?;
+    let fs_times = time_store(&mut checkpoint, iterations, partitions).await?;
 
-    println!("{iterations} batches of 8 partitions each, one at a time");
+    println!("{iterations} batches of {partitions} partitions each, one at a time");
     let (f50, f99) = report("cassandra plan+commit, fenced (2 LWT)", fenced_times);
+    report("cassandra commit with the next plan (1 LWT)", joined_times);
     let (b50, b99) = report("cassandra baseline: same rows, no conditions", plain_times);
     report("filesystem plan+commit (fsync)", fs_times);
     println!(

@@ -143,6 +143,60 @@ async fn two_writers(h: &impl Harness) {
     }
 }
 
+async fn joined_commit_and_plan(h: &impl Harness) {
+    let mut first = h.open().await.unwrap();
+    first.write_plan(&plan(0)).await.unwrap();
+    first
+        .write_commit_and_plan(&commit(0), &plan(1))
+        .await
+        .unwrap();
+    let stored = first.load().await.unwrap();
+    assert_eq!(stored.planned, vec![BatchId(0), BatchId(1)]);
+    assert_eq!(stored.committed, vec![BatchId(0)]);
+    assert_eq!(stored.latest_plan, Some(plan(1)));
+    assert_eq!(
+        stored.recovery(),
+        Ok(Recovery::Replay { batch: BatchId(1) })
+    );
+
+    // Written again, the pair is refused whole and nothing stored changes.
+    let refused = first
+        .write_commit_and_plan(&commit(0), &plan(1))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("already exists"), "{refused}");
+    assert_eq!(first.load().await.unwrap(), stored);
+
+    if let Ok(mut second) = h.open().await {
+        // Cassandra lets a newer runner in: the older one's pair is refused
+        // whole, neither the commit nor the plan lands.
+        let refused = first
+            .write_commit_and_plan(&commit(1), &plan(2))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("was taken over by"), "{refused}");
+        assert_eq!(second.load().await.unwrap(), stored);
+        second
+            .write_commit_and_plan(&commit(1), &plan(2))
+            .await
+            .unwrap();
+        first = second;
+    } else {
+        first
+            .write_commit_and_plan(&commit(1), &plan(2))
+            .await
+            .unwrap();
+    }
+    let stored = first.load().await.unwrap();
+    assert_eq!(stored.committed, vec![BatchId(0), BatchId(1)]);
+    assert_eq!(
+        stored.recovery(),
+        Ok(Recovery::Replay { batch: BatchId(2) })
+    );
+}
+
 async fn retention(h: &impl Harness) {
     let mut store = h.open().await.unwrap();
     for batch in 0..130 {
@@ -343,6 +397,11 @@ macro_rules! suite {
             #[tokio::test]
             async fn refuses_two_writers() {
                 two_writers(&$harness).await;
+            }
+
+            #[tokio::test]
+            async fn writes_a_commit_with_the_next_plan_as_one() {
+                joined_commit_and_plan(&$harness).await;
             }
 
             #[tokio::test]

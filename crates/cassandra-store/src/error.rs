@@ -92,6 +92,18 @@ pub enum CassandraStoreError {
         /// The batch.
         batch: u64,
     },
+    /// A commit and a plan to write together that are not of consecutive batches.
+    #[error(
+        "refusing to write the commit of batch {commit} of query {query} with the plan of batch {plan}: only the next batch's plan goes with a commit"
+    )]
+    NotConsecutive {
+        /// The query.
+        query: String,
+        /// The committed batch.
+        commit: u64,
+        /// The planned batch.
+        plan: u64,
+    },
     /// A stored entry that cannot be read back.
     #[error("damaged entry {entry}: {problem}")]
     Damaged {

@@ -165,6 +165,8 @@ pub struct CassandraStore {
     epoch: i64,
     write_plan: PreparedStatement,
     write_commit: PreparedStatement,
+    /// `write_commit` and `write_plan` as one conditional batch.
+    commit_and_plan: Batch,
     write_initial: PreparedStatement,
     write_offset: PreparedStatement,
     load: PreparedStatement,
@@ -255,6 +257,12 @@ impl CassandraStore {
              AND batch_id = ? IF epoch = ? AND watermark_ms = null"
         ))
         .await?;
+        let mut commit_and_plan = Batch::new(BatchType::Logged);
+        commit_and_plan.append_statement(write_commit.clone());
+        commit_and_plan.append_statement(write_plan.clone());
+        commit_and_plan.set_consistency(options.consistency.driver());
+        commit_and_plan.set_serial_consistency(Some(options.serial_consistency.driver()));
+        commit_and_plan.set_request_timeout(Some(options.request_timeout));
         let write_initial = prepare(format!(
             "UPDATE {ks}.{LOG_TABLE} SET end_offsets = ? WHERE query = ? AND kind = 'initial' \
              AND batch_id = 0 IF epoch = ? AND end_offsets = null"
@@ -296,6 +304,7 @@ impl CassandraStore {
             query_id: String::new(),
             epoch: 0,
             write_plan,
+            commit_and_plan,
             write_commit,
             write_initial,
             write_offset,
@@ -528,6 +537,76 @@ impl CassandraStore {
             Some((Some(id), Some(epoch), owner)) => Some((id, epoch, owner.unwrap_or_default())),
             _ => None,
         })
+    }
+
+    /// `write_plan`'s bound values.
+    fn plan_values(
+        &self,
+        plan: &BatchPlan,
+    ) -> (String, String, i64, i64, String, String, i64, i64) {
+        let metadata = plan.metadata();
+        (
+            offsets_to_json(&plan.start_offsets()),
+            offsets_to_json(&plan.end_offsets()),
+            metadata.watermark_ms,
+            metadata.timestamp_ms,
+            serde_json::to_string(&metadata.conf).unwrap_or_default(),
+            self.location.query.clone(),
+            i64::try_from(plan.id().0).unwrap_or(i64::MAX),
+            self.epoch,
+        )
+    }
+
+    /// `write_commit`'s bound values.
+    fn commit_values(&self, commit: &BatchCommit) -> (i64, String, i64, i64) {
+        (
+            commit.next_watermark_ms,
+            self.location.query.clone(),
+            i64::try_from(commit.id.0).unwrap_or(i64::MAX),
+            self.epoch,
+        )
+    }
+
+    /// The plan of the batch about to be committed: the one this store wrote
+    /// last, or else the newest stored, which must be that batch's. A commit
+    /// already stored is refused as such, unless this is the retry of a write
+    /// whose answer was lost (which may have stored it).
+    async fn plan_to_commit(
+        &mut self,
+        batch: BatchId,
+        retry: bool,
+    ) -> Result<BatchPlan, CassandraStoreError> {
+        if let Some(plan) = self.last_plan.as_ref().filter(|p| p.id() == batch) {
+            return Ok(plan.clone());
+        }
+        let stored = self.load().await?;
+        if !retry && stored.committed.contains(&batch) {
+            return Err(CassandraStoreError::AlreadyExists {
+                entry: self.entry("commit", batch),
+            });
+        }
+        match stored.latest_plan {
+            Some(plan) if plan.id() == batch => Ok(plan),
+            _ => Err(CassandraStoreError::CommitWithoutPlan {
+                query: self.location.query.clone(),
+                batch: batch.0,
+            }),
+        }
+    }
+
+    /// Notes a durable commit for the latest-offsets table, and refreshes the
+    /// table when it is due.
+    async fn committed(&mut self, batch: BatchId, plan: &BatchPlan) {
+        self.unmirrored = Some((batch, plan.end_offsets()));
+        if self
+            .mirrored_at
+            .is_none_or(|at| at.elapsed() >= OFFSETS_TABLE_INTERVAL)
+            && let Err(e) = self.mirror_offsets().await
+        {
+            // Derived data that recovery never reads: the batch is committed, and
+            // the next commit or the end of the run writes the table again.
+            tracing::warn!(error = %e, "the offsets table was not updated");
+        }
     }
 
     fn entry(&self, kind: &str, batch: BatchId) -> String {
@@ -829,13 +908,14 @@ impl OffsetStore for CassandraStore {
 
     async fn write_plan(&mut self, plan: &BatchPlan) -> Result<(), CassandraStoreError> {
         let batch = plan.id();
-        let start = offsets_to_json(&plan.start_offsets());
-        let end = offsets_to_json(&plan.end_offsets());
-        let query = &self.location.query;
+        let values = self.plan_values(plan);
         if batch == BatchId::FIRST {
             let result = self
                 .session
-                .execute_unpaged(&self.write_initial, (&start, query, self.epoch))
+                .execute_unpaged(
+                    &self.write_initial,
+                    (&values.0, &self.location.query, self.epoch),
+                )
                 .await
                 .map_err(query_error(format!(
                     "writing {}",
@@ -846,18 +926,6 @@ impl OffsetStore for CassandraStore {
                 return Err(self.refused("initial", batch, epoch).await);
             }
         }
-        let metadata = plan.metadata();
-        let conf = serde_json::to_string(&metadata.conf).unwrap_or_default();
-        let values = (
-            &start,
-            &end,
-            metadata.watermark_ms,
-            metadata.timestamp_ms,
-            &conf,
-            query,
-            i64::try_from(batch.0).unwrap_or(i64::MAX),
-            self.epoch,
-        );
         let result = match self.session.execute_unpaged(&self.write_plan, values).await {
             Ok(result) => result,
             Err(e) => {
@@ -886,27 +954,9 @@ impl OffsetStore for CassandraStore {
 
     async fn write_commit(&mut self, commit: &BatchCommit) -> Result<(), CassandraStoreError> {
         let batch = commit.id;
-        let plan = match &self.last_plan {
-            Some(plan) if plan.id() == batch => plan.clone(),
-            _ => {
-                let stored = self.load().await?;
-                match stored.latest_plan {
-                    Some(plan) if plan.id() == batch => plan,
-                    _ => {
-                        return Err(CassandraStoreError::CommitWithoutPlan {
-                            query: self.location.query.clone(),
-                            batch: batch.0,
-                        });
-                    }
-                }
-            }
-        };
-        let values = (
-            commit.next_watermark_ms,
-            &self.location.query,
-            i64::try_from(batch.0).unwrap_or(i64::MAX),
-            self.epoch,
-        );
+        let retry = self.uncertain == Some(("commit", batch));
+        let plan = self.plan_to_commit(batch, retry).await?;
+        let values = self.commit_values(commit);
         let result = match self
             .session
             .execute_unpaged(&self.write_commit, values)
@@ -931,17 +981,74 @@ impl OffsetStore for CassandraStore {
         if !(done || our_retry) {
             return Err(self.refused("commit", batch, epoch).await);
         }
-        self.unmirrored = Some((batch, plan.end_offsets()));
-        if self
-            .mirrored_at
-            .is_none_or(|at| at.elapsed() >= OFFSETS_TABLE_INTERVAL)
-            && let Err(e) = self.mirror_offsets().await
-        {
-            // Derived data that recovery never reads: the batch is committed, and
-            // the next commit or the end of the run writes the table again.
-            tracing::warn!(error = %e, "the offsets table was not updated");
-        }
+        self.committed(batch, &plan).await;
         Ok(())
+    }
+
+    /// One conditional batch: Cassandra runs both updates in one lightweight
+    /// transaction, since they share the query's partition, and applies both
+    /// or neither.
+    async fn write_commit_and_plan(
+        &mut self,
+        commit: &BatchCommit,
+        plan: &BatchPlan,
+    ) -> Result<(), CassandraStoreError> {
+        let (batch, next) = (commit.id, plan.id());
+        if next != batch.next() {
+            return Err(CassandraStoreError::NotConsecutive {
+                query: self.location.query.clone(),
+                commit: batch.0,
+                plan: next.0,
+            });
+        }
+        if self.uncertain == Some(("commit and plan", next)) {
+            let stored = self.load().await?;
+            if stored.latest_plan.as_ref() == Some(plan) && stored.committed.contains(&batch) {
+                // The write whose answer was lost did apply. The offsets table
+                // waits for the next commit: the committed plan is no longer the
+                // newest, so the log does not hand it back whole.
+                self.uncertain = None;
+                self.last_plan = Some(plan.clone());
+                return Ok(());
+            }
+        }
+        let committed_plan = self.plan_to_commit(batch, false).await?;
+        let values = (self.commit_values(commit), self.plan_values(plan));
+        let result = match self.session.batch(&self.commit_and_plan, values).await {
+            Ok(result) => result,
+            Err(e) => {
+                self.uncertain = Some(("commit and plan", next));
+                self.last_plan = None;
+                return Err(query_error(format!(
+                    "writing {} with {}",
+                    self.entry("commit", batch),
+                    self.entry("plan", next)
+                ))(e));
+            }
+        };
+        let (done, epoch) = applied(result)?;
+        let retried = self.uncertain.take() == Some(("commit and plan", next));
+        if !done {
+            // A retry of a write that did apply finds both entries: that is success.
+            let ours = epoch.is_none_or(|e| e == self.epoch);
+            let found = if retried && ours {
+                let stored = self.load().await?;
+                stored.latest_plan.as_ref() == Some(plan)
+                    && stored.latest_commit.as_ref().map(|c| c.id) == Some(batch)
+            } else {
+                false
+            };
+            if !found {
+                return Err(self.refused("commit", batch, epoch).await);
+            }
+        }
+        self.last_plan = Some(plan.clone());
+        self.committed(batch, &committed_plan).await;
+        Ok(())
+    }
+
+    fn joins_commit_and_plan(&self) -> bool {
+        true
     }
 
     async fn flush(&mut self) -> Result<(), CassandraStoreError> {

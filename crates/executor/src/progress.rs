@@ -122,7 +122,8 @@ pub struct StateOperatorProgress {
 pub struct DurationMs {
     /// Discovering partitions and latest offsets.
     pub latest_offset: u64,
-    /// Writing the plan durably.
+    /// Writing the plan durably (with the commit of the batch before, when the
+    /// store writes them together).
     pub wal_commit: u64,
     /// Reading the records.
     pub get_batch: u64,
@@ -131,9 +132,11 @@ pub struct DurationMs {
     /// Of `add_batch`, the sink's finish: waiting until what it was handed is
     /// durable, and its own commit (the Kafka sink's transaction). Not Spark's.
     pub sink_commit: u64,
-    /// Writing the commit (and progress to the consumer group).
+    /// Writing the commit (and progress to the consumer group). A commit
+    /// written with the next batch's plan counts that write, not the wait for
+    /// the next batch to be planned.
     pub commit_offsets: u64,
-    /// The whole trigger.
+    /// The whole trigger, without that wait.
     pub trigger_execution: u64,
 }
 

@@ -204,6 +204,9 @@ pub struct Query<Src, Store, Snk, Proc = PassThrough, Dead = DiscardSink> {
     in_batch: bool,
     /// Whether a run ends after its recovery ([`Query::recovery_only`]).
     recovery_only: bool,
+    /// A batch whose commit waits to be written with the next batch's plan
+    /// ([`OffsetStore::write_commit_and_plan`]), when that follows at once.
+    pending: Option<EndedBatch>,
 }
 
 /// What one batch read, wrote and met.
@@ -226,6 +229,22 @@ struct StateWritten {
     /// Encoding and writing the snapshots after the commit, when due.
     snapshot_micros: u64,
     snapshot_bytes: u64,
+}
+
+/// A batch whose output the sink has and whose state is written, with the
+/// commit still to write.
+struct EndedBatch {
+    planned: Planned,
+    streamed: Streamed,
+    state: StateWritten,
+    commit: BatchCommit,
+    /// When the commit phase began (`commitOffsets` in progress reports).
+    started: Instant,
+    /// When the commit began to wait for the next plan.
+    held_at: Instant,
+    /// How long it waited for the next batch to be planned, which belongs to
+    /// neither batch's `commitOffsets` nor to its `triggerExecution`.
+    waited: Duration,
 }
 
 /// A batch ready to execute, with the phases timed so far.
@@ -295,6 +314,7 @@ where
             stop: watch::channel(false).1,
             reached: Reached::default(),
             in_batch: false,
+            pending: None,
             recovery_only: false,
         }
     }
@@ -327,7 +347,20 @@ where
         self.stop = stop;
         self.reached = Reached::default();
         let mut summary = RunSummary::default();
-        match self.run_batches(&mut summary, &mut on_progress).await {
+        let mut result = self.run_batches(&mut summary, &mut on_progress).await;
+        // A commit held for a next plan that did not come is written alone, also
+        // when planning failed: the batch reached its sink.
+        if self.pending.is_some() {
+            let settled = self.settle_pending(&mut summary, &mut on_progress).await;
+            match (&result, settled) {
+                (_, Ok(())) => {}
+                (Ok(()), Err(e)) => result = Err(e),
+                (Err(_), Err(e)) => {
+                    tracing::warn!(error = %e, "writing the last batch's commit failed too; it is replayed on restart");
+                }
+            }
+        }
+        match result {
             Ok(()) => {
                 // Derived data only (a mirror of the committed offsets), so a
                 // failure is not the run's.
@@ -519,6 +552,7 @@ where
                     ))
             {
                 start = Some(from);
+                self.settle_pending(summary, on_progress).await?;
                 if available == 0 && self.options.trigger.stops_when_caught_up() {
                     break;
                 }
@@ -589,6 +623,12 @@ where
         let batch = planned.plan.id();
         let span = tracing::info_span!("batch", id = batch.0);
         async {
+            if planned.replay {
+                // A replay's plan is already stored: nothing to write it with.
+                // Boxed, as the other commit paths below: the nested batch
+                // futures otherwise outgrow the compiler's type depth limit.
+                Box::pin(self.settle_pending(summary, on_progress)).await?;
+            }
             self.in_batch = true;
             // The read starts while the plan is written, so that the source can
             // ready the batch's first records meanwhile. They wait for the
@@ -600,7 +640,18 @@ where
                 early = self.source.read(planned.plan.ranges()).await.ok();
             }
             let t = Instant::now();
-            if !planned.replay {
+            let previous = self.pending.take();
+            if let Some(previous) = &previous {
+                retrying!(
+                    self,
+                    Part::Store,
+                    "writing the commit and the next plan",
+                    self.store
+                        .write_commit_and_plan(&previous.commit, &planned.plan),
+                    Store::is_transient,
+                    ExecutorError::Store
+                )?;
+            } else if !planned.replay {
                 retrying!(
                     self,
                     Part::Store,
@@ -611,10 +662,15 @@ where
                 )?;
             }
             planned.durations.wal_commit = micros(t.elapsed());
+            let written = t.elapsed();
+            if let Some(mut previous) = previous {
+                previous.waited = previous.held_at.elapsed().saturating_sub(written);
+                Box::pin(self.after_commit(previous, summary, on_progress)).await?;
+            }
             // A plan write retried through an outage kept the early read from
             // handing anything over, which a source may judge a stalled read:
             // the read starts afresh instead, as it did before it started early.
-            if t.elapsed() > EARLY_READ_PATIENCE {
+            if written > EARLY_READ_PATIENCE {
                 early = None;
             }
 
@@ -649,8 +705,12 @@ where
             };
             planned.durations.add_batch =
                 micros(t.elapsed()).saturating_sub(planned.durations.get_batch);
-            self.commit_batch(planned, streamed, summary, on_progress)
-                .await
+            let ended = self.end_batch(planned, streamed).await?;
+            if self.holds_commits() {
+                self.pending = Some(ended);
+                return Ok(());
+            }
+            Box::pin(self.write_commit(ended, summary, on_progress)).await
         }
         .instrument(span)
         .await
@@ -661,17 +721,26 @@ where
     /// progress.
     async fn commit_batch(
         &mut self,
-        mut planned: Planned,
+        planned: Planned,
         streamed: Streamed,
         summary: &mut RunSummary,
         on_progress: &mut (impl FnMut(&QueryProgress) + Send),
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        let batch = planned.plan.id();
-        let rows = streamed.rows;
-        planned.losses.extend(streamed.losses);
+        let ended = self.end_batch(planned, streamed).await?;
+        self.write_commit(ended, summary, on_progress).await
+    }
 
-        let t = Instant::now();
-        let mut state = self.write_state(batch).await?;
+    /// Writes a batch's state and hands its commit back, to be written alone
+    /// or with the next batch's plan.
+    async fn end_batch(
+        &mut self,
+        mut planned: Planned,
+        mut streamed: Streamed,
+    ) -> Result<EndedBatch, QueryError<Src, Store, Proc, Snk, Dead>> {
+        let batch = planned.plan.id();
+        planned.losses.append(&mut streamed.losses);
+        let started = Instant::now();
+        let state = self.write_state(batch).await?;
         self.processor
             .commit_state(batch)
             .await
@@ -680,14 +749,82 @@ where
             id: batch,
             next_watermark_ms: self.processor.watermark_ms(),
         };
+        Ok(EndedBatch {
+            planned,
+            streamed,
+            state,
+            commit,
+            started,
+            held_at: Instant::now(),
+            waited: Duration::ZERO,
+        })
+    }
+
+    /// Whether a batch's commit waits for the next batch's plan, to be written
+    /// with it: when the store joins them cheaply and the next batch, if there
+    /// is data, starts at once. Any other way on writes the commit alone.
+    fn holds_commits(&self) -> bool {
+        self.store.joins_commit_and_plan()
+            && !self.recovery_only
+            && match self.options.trigger {
+                Trigger::AvailableNow => true,
+                Trigger::ProcessingTime(interval) => interval.is_zero(),
+                Trigger::Once | Trigger::Continuous(_) => false,
+            }
+    }
+
+    /// Writes an ended batch's commit alone, then what follows it.
+    async fn write_commit(
+        &mut self,
+        ended: EndedBatch,
+        summary: &mut RunSummary,
+        on_progress: &mut (impl FnMut(&QueryProgress) + Send),
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
         retrying!(
             self,
             Part::Store,
             "writing the commit",
-            self.store.write_commit(&commit),
+            self.store.write_commit(&ended.commit),
             Store::is_transient,
             ExecutorError::Store
         )?;
+        self.after_commit(ended, summary, on_progress).await?;
+        self.in_batch = false;
+        Ok(())
+    }
+
+    /// Writes the commit that waits for the next plan, alone: no batch follows
+    /// at once (the query is idle, stops, or failed while planning).
+    async fn settle_pending(
+        &mut self,
+        summary: &mut RunSummary,
+        on_progress: &mut (impl FnMut(&QueryProgress) + Send),
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        match self.pending.take() {
+            Some(ended) => self.write_commit(ended, summary, on_progress).await,
+            None => Ok(()),
+        }
+    }
+
+    /// What follows a durable commit: snapshots, the consumer group's offsets,
+    /// the purge of old batches and the progress report.
+    async fn after_commit(
+        &mut self,
+        ended: EndedBatch,
+        summary: &mut RunSummary,
+        on_progress: &mut (impl FnMut(&QueryProgress) + Send),
+    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        let EndedBatch {
+            mut planned,
+            streamed,
+            mut state,
+            commit,
+            started: t,
+            waited,
+            ..
+        } = ended;
+        let batch = commit.id;
+        let rows = streamed.rows;
         if self.processor.state_operators() > 0 && snapshot_due(batch) {
             self.write_snapshots(batch, &mut state).await;
         }
@@ -707,8 +844,9 @@ where
             )?;
             self.purge_state(keep_from).await?;
         }
-        planned.durations.commit_offsets = micros(t.elapsed());
-        planned.durations.trigger_execution = micros(planned.trigger_start.elapsed());
+        planned.durations.commit_offsets = micros(t.elapsed().saturating_sub(waited));
+        planned.durations.trigger_execution =
+            micros(planned.trigger_start.elapsed().saturating_sub(waited));
 
         let mut progress = self.progress(
             &planned,
@@ -749,7 +887,6 @@ where
             .map(DataLoss::lost_offsets)
             .sum::<u64>();
         summary.last_committed = Some(batch);
-        self.in_batch = false;
         Ok(())
     }
 

@@ -41,6 +41,8 @@ struct MemSource {
     failure_delay: Arc<Mutex<Duration>>,
     /// How many reads were opened.
     reads: Arc<Mutex<u32>>,
+    /// From this `partitions` call on (1 is the first), every call fails so.
+    fail_from_call: Arc<Mutex<Option<(u32, &'static str)>>>,
 }
 
 /// Records per chunk of the in-memory source.
@@ -91,6 +93,11 @@ impl Source for MemSource {
 
     async fn partitions(&mut self) -> Result<BTreeMap<TopicPartition, OffsetBounds>, TestError> {
         *self.calls.lock().unwrap() += 1;
+        if let Some((from, message)) = *self.fail_from_call.lock().unwrap()
+            && *self.calls.lock().unwrap() >= from
+        {
+            return Err(TestError(message.to_owned()));
+        }
         let failure = {
             let mut failures = self.failures.lock().unwrap();
             (!failures.is_empty()).then(|| failures.remove(0))
@@ -193,6 +200,32 @@ struct MemStore {
     claim_lost: Arc<std::sync::atomic::AtomicBool>,
     /// How long writing a plan takes.
     plan_delay: Arc<Mutex<Duration>>,
+    /// Whether a commit is written with the next plan, as the Cassandra store does.
+    joins: bool,
+    /// The plan and commit writes, in order: "plan 0", "commit 0 + plan 1", "commit 1".
+    writes: Arc<Mutex<Vec<String>>>,
+}
+
+impl MemStore {
+    fn joining() -> Self {
+        MemStore {
+            joins: true,
+            ..MemStore::default()
+        }
+    }
+
+    fn writes(&self) -> Vec<String> {
+        self.writes.lock().unwrap().clone()
+    }
+
+    fn insert_plan(&self, plan: &BatchPlan) -> Result<(), TestError> {
+        let mut plans = self.plans.lock().unwrap();
+        if plans.contains_key(&plan.id()) {
+            return Err(TestError(format!("plan {} exists", plan.id())));
+        }
+        plans.insert(plan.id(), plan.clone());
+        Ok(())
+    }
 }
 
 impl OffsetStore for MemStore {
@@ -220,11 +253,11 @@ impl OffsetStore for MemStore {
     async fn write_plan(&mut self, plan: &BatchPlan) -> Result<(), TestError> {
         let delay = *self.plan_delay.lock().unwrap();
         tokio::time::sleep(delay).await;
-        let mut plans = self.plans.lock().unwrap();
-        if plans.contains_key(&plan.id()) {
-            return Err(TestError(format!("plan {} exists", plan.id())));
-        }
-        plans.insert(plan.id(), plan.clone());
+        self.insert_plan(plan)?;
+        self.writes
+            .lock()
+            .unwrap()
+            .push(format!("plan {}", plan.id()));
         Ok(())
     }
 
@@ -233,7 +266,37 @@ impl OffsetStore for MemStore {
             .lock()
             .unwrap()
             .insert(commit.id, commit.clone());
+        self.writes
+            .lock()
+            .unwrap()
+            .push(format!("commit {}", commit.id));
         Ok(())
+    }
+
+    async fn write_commit_and_plan(
+        &mut self,
+        commit: &BatchCommit,
+        plan: &BatchPlan,
+    ) -> Result<(), TestError> {
+        assert!(self.joins, "only a store that joins them is asked to");
+        assert!(
+            self.plans.lock().unwrap().contains_key(&commit.id),
+            "a commit follows its plan"
+        );
+        self.insert_plan(plan)?;
+        self.commits
+            .lock()
+            .unwrap()
+            .insert(commit.id, commit.clone());
+        self.writes
+            .lock()
+            .unwrap()
+            .push(format!("commit {} + plan {}", commit.id, plan.id()));
+        Ok(())
+    }
+
+    fn joins_commit_and_plan(&self) -> bool {
+        self.joins
     }
 
     async fn purge(&mut self, keep_from: BatchId) -> Result<(), TestError> {
@@ -498,6 +561,124 @@ async fn available_now_reads_everything_in_rate_limited_batches_then_stops() {
         5,
         "no plan without new data"
     );
+}
+
+#[tokio::test]
+async fn a_store_that_joins_them_writes_each_commit_with_the_next_plan() {
+    let source = MemSource::with(&[(0, 60), (1, 30)]);
+    let (store, sink) = (MemStore::joining(), MemSink::default());
+    let mut query = Query::new(
+        options(Trigger::AvailableNow, Some(30)),
+        "q".into(),
+        source,
+        store.clone(),
+        sink.clone(),
+    );
+    let mut progress = Vec::new();
+    let summary = query
+        .run(never_stop(), |p: &QueryProgress| progress.push(p.clone()))
+        .await
+        .unwrap();
+
+    assert_eq!(summary.batches, 3);
+    assert_eq!(
+        store.writes(),
+        [
+            "plan 0",
+            "commit 0 + plan 1",
+            "commit 1 + plan 2",
+            "commit 2"
+        ],
+        "the last commit, with no batch after it, is written alone"
+    );
+    assert_eq!(sorted(sink.values()), all_values(&[(0, 60), (1, 30)]));
+    assert_eq!(
+        progress.iter().map(|p| p.batch_id).collect::<Vec<_>>(),
+        [0, 1, 2],
+        "each batch is reported once its commit is durable"
+    );
+    // A batch's phases do not count the time its commit waited for the next plan.
+    for p in &progress {
+        let d = &p.duration_micros;
+        let phases = d.latest_offset + d.wal_commit + d.add_batch + d.commit_offsets;
+        assert!(
+            d.trigger_execution >= d.commit_offsets && d.trigger_execution <= phases + 50_000,
+            "{d:?}"
+        );
+    }
+
+    // Batches with a wait between them commit each alone, at once.
+    let source = MemSource::with(&[(0, 20)]);
+    let store = MemStore::joining();
+    let mut paced = Query::new(
+        options(Trigger::ProcessingTime(Duration::from_millis(5)), Some(10)),
+        "q".into(),
+        source,
+        store.clone(),
+        MemSink::default(),
+    );
+    let (tx, rx) = watch::channel(false);
+    let mut seen = 0;
+    paced
+        .run(rx, |_| {
+            seen += 1;
+            if seen == 2 {
+                tx.send(true).unwrap();
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.writes(), ["plan 0", "commit 0", "plan 1", "commit 1"]);
+}
+
+#[tokio::test]
+async fn a_commit_held_for_the_next_plan_is_written_when_the_query_idles_or_planning_fails() {
+    // Idle: nothing more to read, so the held commit is written before the wait,
+    // and only then is the batch reported.
+    let source = MemSource::with(&[(0, 10)]);
+    let store = MemStore::joining();
+    let mut query = Query::new(
+        options(Trigger::ProcessingTime(Duration::ZERO), None),
+        "q".into(),
+        source.clone(),
+        store.clone(),
+        MemSink::default(),
+    );
+    let (tx, rx) = watch::channel(false);
+    let summary = tokio::time::timeout(
+        Duration::from_secs(10),
+        query.run(rx, |_| tx.send(true).unwrap()),
+    )
+    .await
+    .expect("the batch is reported while the query idles")
+    .unwrap();
+    assert_eq!(summary.batches, 1);
+    assert_eq!(store.writes(), ["plan 0", "commit 0"]);
+
+    // Planning fails: the batch before reached its sink, so its commit is
+    // written all the same, and the error is the planning's.
+    source.append(0, 10);
+    *source.fail_from_call.lock().unwrap() =
+        Some((*source.calls.lock().unwrap() + 2, "metadata refused"));
+    let mut query = Query::new(
+        options(Trigger::ProcessingTime(Duration::ZERO), None),
+        "q".into(),
+        source,
+        store.clone(),
+        MemSink::default(),
+    );
+    let mut reported = Vec::new();
+    let err = query
+        .run(never_stop(), |p: &QueryProgress| reported.push(p.batch_id))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("metadata refused"), "{err}");
+    assert_eq!(
+        store.writes(),
+        ["plan 0", "commit 0", "plan 1", "commit 1"],
+        "batch 1's commit is not lost with the failed plan of batch 2"
+    );
+    assert_eq!(reported, [1]);
 }
 
 #[tokio::test]

@@ -59,6 +59,32 @@ pub trait OffsetStore: Send {
         commit: &BatchCommit,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
+    /// Durably records a batch's commit and the next batch's plan as one write:
+    /// both or neither. The executor calls it, when [`joins_commit_and_plan`]
+    /// says so, for batches that follow one another at once. The default writes
+    /// the commit, then the plan.
+    ///
+    /// [`joins_commit_and_plan`]: OffsetStore::joins_commit_and_plan
+    fn write_commit_and_plan(
+        &mut self,
+        commit: &BatchCommit,
+        plan: &BatchPlan,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async move {
+            self.write_commit(commit).await?;
+            self.write_plan(plan).await
+        }
+    }
+
+    /// Whether [`write_commit_and_plan`] costs clearly less than the two writes
+    /// apart (one round trip to a database instead of two), so that holding a
+    /// commit until the next plan is worth it. The default says no.
+    ///
+    /// [`write_commit_and_plan`]: OffsetStore::write_commit_and_plan
+    fn joins_commit_and_plan(&self) -> bool {
+        false
+    }
+
     /// Removes plans and commits of batches before `keep_from`.
     fn purge(&mut self, keep_from: BatchId)
     -> impl Future<Output = Result<(), Self::Error>> + Send;

@@ -60,7 +60,9 @@ impl Exit {
             | CassandraStoreError::AlreadyExists { .. }
             | CassandraStoreError::CommitWithoutPlan { .. }
             | CassandraStoreError::Damaged { .. } => 4,
-            CassandraStoreError::Connect { .. } | CassandraStoreError::Query { .. } => 1,
+            CassandraStoreError::Connect { .. }
+            | CassandraStoreError::Query { .. }
+            | CassandraStoreError::NotConsecutive { .. } => 1,
         };
         Exit {
             code,
