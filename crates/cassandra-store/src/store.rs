@@ -539,6 +539,21 @@ impl CassandraStore {
         })
     }
 
+    /// A conditional write that got no answer, so may have applied: its retry
+    /// counts finding it as success, and since a node that failed may come back
+    /// without what it acknowledged last, the next commit reads the log again
+    /// instead of trusting the plan this store wrote.
+    fn unanswered(
+        &mut self,
+        write: (&'static str, BatchId),
+        entries: String,
+        error: scylla::errors::ExecutionError,
+    ) -> CassandraStoreError {
+        self.uncertain = Some(write);
+        self.last_plan = None;
+        query_error(format!("writing {entries}"))(error)
+    }
+
     /// `write_plan`'s bound values.
     fn plan_values(
         &self,
@@ -929,14 +944,8 @@ impl OffsetStore for CassandraStore {
         let result = match self.session.execute_unpaged(&self.write_plan, values).await {
             Ok(result) => result,
             Err(e) => {
-                self.uncertain = Some(("plan", batch));
-                // A node that failed may come back without what it acknowledged
-                // last; what follows reads the store again.
-                self.last_plan = None;
-                return Err(query_error(format!(
-                    "writing {}",
-                    self.entry("plan", batch)
-                ))(e));
+                let entry = self.entry("plan", batch);
+                return Err(self.unanswered(("plan", batch), entry, e));
             }
         };
         let (done, epoch) = applied(result)?;
@@ -964,14 +973,8 @@ impl OffsetStore for CassandraStore {
         {
             Ok(result) => result,
             Err(e) => {
-                self.uncertain = Some(("commit", batch));
-                // The retry checks that the plan is still stored, so that a
-                // node that lost it is found, not committed over.
-                self.last_plan = None;
-                return Err(query_error(format!(
-                    "writing {}",
-                    self.entry("commit", batch)
-                ))(e));
+                let entry = self.entry("commit", batch);
+                return Err(self.unanswered(("commit", batch), entry, e));
             }
         };
         let (done, epoch) = applied(result)?;
@@ -1017,13 +1020,12 @@ impl OffsetStore for CassandraStore {
         let result = match self.session.batch(&self.commit_and_plan, values).await {
             Ok(result) => result,
             Err(e) => {
-                self.uncertain = Some(("commit and plan", next));
-                self.last_plan = None;
-                return Err(query_error(format!(
-                    "writing {} with {}",
+                let entries = format!(
+                    "{} with {}",
                     self.entry("commit", batch),
                     self.entry("plan", next)
-                ))(e));
+                );
+                return Err(self.unanswered(("commit and plan", next), entries, e));
             }
         };
         let (done, epoch) = applied(result)?;
