@@ -644,6 +644,63 @@ async fn a_small_read_ahead_pauses_partitions_and_resumes_each_exactly_where_it_
 }
 
 #[tokio::test]
+async fn a_full_read_ahead_keeps_what_a_fetch_brought_instead_of_fetching_it_again() {
+    let topic = sluice_tests::unique_name("refetch");
+    create_topic(&topic, 4).await;
+    // Record batches of the Java producer's 16 KiB: a fetch brings a partition at
+    // least one whole, more than the room a 16 KiB share has when it resumes.
+    let p: FutureProducer = client_config()
+        .set("acks", "all")
+        .set("batch.size", "16384")
+        .set("linger.ms", "50")
+        .create()
+        .expect("a producer for the test broker");
+    let per_partition = 3000_i64;
+    for partition in 0..4 {
+        let records: Vec<Out> = (0..per_partition)
+            .map(|i| Out::new(partition, format!("k{i}"), format!("{i:0>100}")))
+            .collect();
+        produce(&p, &topic, &records).await;
+    }
+    let mut config = subscribe(&topic);
+    config.read_ahead_bytes = 64 * 1024;
+    config
+        .client_options
+        .insert("statistics.interval.ms".to_owned(), "100".to_owned());
+    let mut source = source(config);
+    // A few records of each partition per batch, with a pause between batches as
+    // a query's own work makes, so that the read-ahead fills and waits.
+    let mut at = 0;
+    while at < per_partition {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let until = (at + 40).min(per_partition);
+        let ranges: Vec<_> = (0..4).map(|i| range(&topic, i, at, until)).collect();
+        let batch = source.read_batch(&ranges).await.unwrap();
+        let read: usize = read_values(&batch).iter().map(Vec::len).sum();
+        assert_eq!(read as i64, 4 * (until - at), "batch over {ranges:?}");
+        at = until;
+    }
+    let total = 4 * per_partition as u64;
+    // librdkafka's statistics come every 100 ms.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while source.fetched_messages() < total && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fetched = source.fetched_messages();
+    assert!(
+        source.read_ahead_pauses() > 20,
+        "the read-ahead filled and paused partitions ({} times)",
+        source.read_ahead_pauses()
+    );
+    // What a fetch in flight at a pause brings is still fetched again.
+    assert!(
+        (total..=total * 5 / 4).contains(&fetched),
+        "librdkafka fetched {fetched} messages for {total} records"
+    );
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
 async fn headers_come_with_records_when_asked_for() {
     let topic = sluice_tests::unique_name("headers");
     create_topic(&topic, 1).await;

@@ -105,14 +105,14 @@ impl std::fmt::Debug for Redacted<'_> {
     }
 }
 
-/// The default of [`KafkaSourceConfig::read_ahead_bytes`]. At 1,024
-/// partitions and 10,000 records per trigger, 24 MiB held the process at a
-/// median peak RSS of 93 MiB against 104 with 32, at the same speed
-/// (docs/benchmarks.md); fewer partitions reach their 2 MiB cap either way.
-pub const DEFAULT_READ_AHEAD_BYTES: usize = 24 * 1024 * 1024;
+/// The default of [`KafkaSourceConfig::read_ahead_bytes`]. A partition's
+/// buffer keeps what it had queued when it filled, up to two fetches beyond its
+/// share, so at 1,024 partitions and 10,000 records per trigger 24 MiB peaked
+/// at 100-101 MiB and 16 MiB at 79-90, both as fast (docs/benchmarks.md).
+pub const DEFAULT_READ_AHEAD_BYTES: usize = 16 * 1024 * 1024;
 
 /// The default of librdkafka's `fetch.max.bytes` for a read-ahead of
-/// `read_ahead_bytes`: an eighth of it, 1 to 8 MiB (3 MiB by default).
+/// `read_ahead_bytes`: an eighth of it, 1 to 8 MiB (2 MiB by default).
 ///
 /// A fetch response lives until its last record is polled, and librdkafka
 /// keeps about 300 bytes per message besides, so a response of small records
@@ -269,7 +269,7 @@ mod tests {
     #[test]
     fn a_fetch_follows_the_read_ahead_unless_configured() {
         let mut c = config();
-        assert_eq!(c.fetch_max_bytes(), 3 * 1024 * 1024, "an eighth of 24 MiB");
+        assert_eq!(c.fetch_max_bytes(), 2 * 1024 * 1024, "an eighth of 16 MiB");
         c.read_ahead_bytes = 1024 * 1024;
         assert_eq!(c.fetch_max_bytes(), 1024 * 1024, "at least 1 MiB");
         c.read_ahead_bytes = 256 * 1024 * 1024;
@@ -279,8 +279,8 @@ mod tests {
             .insert("message.max.bytes".to_owned(), "5000000".to_owned());
         assert_eq!(c.fetch_max_bytes(), 5_000_000, "holds the largest message");
         c.client_options
-            .insert("fetch.max.bytes".to_owned(), "2097152".to_owned());
-        assert_eq!(c.fetch_max_bytes(), 2_097_152, "the configuration wins");
+            .insert("fetch.max.bytes".to_owned(), "4194304".to_owned());
+        assert_eq!(c.fetch_max_bytes(), 4_194_304, "the configuration wins");
     }
 
     #[test]

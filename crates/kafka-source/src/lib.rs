@@ -19,6 +19,7 @@ mod sink;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
@@ -42,6 +43,9 @@ pub use sink::{Delivery, KafkaSink, KafkaSinkConfig};
 #[derive(Clone, Default)]
 pub struct SourceContext {
     refusals: refusal::Refusals,
+    /// For the reading consumer: where its statistics put the messages it
+    /// fetched.
+    fetched: Option<Arc<AtomicU64>>,
 }
 
 impl ClientContext for SourceContext {
@@ -51,6 +55,15 @@ impl ClientContext for SourceContext {
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         route_error(&self.refusals, &error, reason);
+    }
+
+    fn stats(&self, statistics: rdkafka::statistics::Statistics) {
+        if let Some(fetched) = &self.fetched {
+            fetched.store(
+                u64::try_from(statistics.rxmsgs).unwrap_or(0),
+                Ordering::Relaxed,
+            );
+        }
     }
 }
 
@@ -196,6 +209,14 @@ impl KafkaSource {
             .shared()
             .pauses
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many messages the reading consumer fetched, as of librdkafka's last
+    /// statistics (`statistics.interval.ms`, off by default, when this stays
+    /// 0). Messages that a pause dropped and that were fetched again count each
+    /// time, so beside the records read it tells how much was fetched twice.
+    pub fn fetched_messages(&self) -> u64 {
+        self.reader.shared().fetched.load(Ordering::Relaxed)
     }
 
     /// The configuration in force.

@@ -27,19 +27,22 @@
 //! buffered record. While the batch's reader is behind, what the batch itself
 //! wants waits in the partition's buffer too, within the same share.
 //!
-//! A queue is taken up to what its buffer has room for in one call
-//! ([`crate::batch_queue`]), not a message per call. librdkafka then moves the
-//! partition's position past every message it returns, errors included, and a
-//! pause resumes from there: so the end-of-partition event is off, and a
-//! partition that reports any other error is assigned afresh at its next offset.
+//! A queue is taken in one call ([`crate::batch_queue`]), not a message per
+//! call, and past the buffer's share by up to two fetch shares: what a pause
+//! drops is fetched again, and a fetch brings a partition whole record batches,
+//! so a buffer that took only what fitted its share had the broker send much of
+//! the topic twice. librdkafka moves the partition's position past every message
+//! it returns, errors included, and a pause resumes from there: so the
+//! end-of-partition event is off, and a partition that reports any other error
+//! is assigned afresh at its next offset.
 //!
-//! So memory is bounded by configuration: the read-ahead, librdkafka's queue
-//! limits (an eighth of a share per partition), what one fetch brings each
-//! partition (`max.partition.fetch.bytes`: its part of `fetch.max.bytes`, at
-//! most half its share, at least 16 KiB), and the fetch in flight
-//! (`fetch.max.bytes`). The price is paid when half a partition's share is
-//! smaller than what one fetch brings it (at least one record batch): the rest
-//! is dropped and fetched again later.
+//! So memory is bounded by configuration: the read-ahead, and beyond each
+//! share two fetch shares (`max.partition.fetch.bytes`: its part of
+//! `fetch.max.bytes`, at most half its share, at least one 16 KiB record
+//! batch), librdkafka's queue limits (an eighth of a share per partition), and
+//! the fetch in flight (`fetch.max.bytes`). What a fetch in flight at the pause
+//! brings is dropped and fetched again, and so is the rest of a record batch
+//! larger than the room past the share.
 //!
 //! librdkafka does not wake a broker thread that idles for want of fetchable
 //! partitions when one of them resumes; the thread sleeps up to a second. After
@@ -152,6 +155,8 @@ pub(crate) struct Shared {
     pub(crate) assignments: AtomicU64,
     /// How many times a partition was paused because its buffer was full.
     pub(crate) pauses: AtomicU64,
+    /// The messages the consumer fetched, from its statistics.
+    pub(crate) fetched: Arc<AtomicU64>,
 }
 
 impl Reader {
@@ -164,6 +169,7 @@ impl Reader {
             stop: AtomicBool::new(false),
             assignments: AtomicU64::new(0),
             pauses: AtomicU64::new(0),
+            fetched: Arc::default(),
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -444,11 +450,11 @@ impl Buffer {
         }
     }
 
-    /// About how many more records fit before the buffer holds `share`; at
-    /// least one, as a buffer is full only once it holds its share.
-    fn room_in_records(&self, share: usize) -> usize {
+    /// About how many more records fit before the buffer holds `limit`; at
+    /// least one.
+    fn room_in_records(&self, limit: usize) -> usize {
         let record = RecordChunk::footprint(self.record_bytes, self.record_headers);
-        share.saturating_sub(self.bytes) / record.max(1) + 1
+        limit.saturating_sub(self.bytes) / record.max(1) + 1
     }
 
     fn clear(&mut self) {
@@ -529,6 +535,9 @@ struct Reading {
     read: Option<Read>,
     /// When positions and the timeout were last looked at.
     last_idle_check: Instant,
+    /// What a fetch asks of each partition (`max.partition.fetch.bytes`), set
+    /// when the consumer is made.
+    fetch_share: usize,
     stats: Stats,
 }
 
@@ -568,6 +577,7 @@ impl Reading {
             poke: None,
             read: None,
             last_idle_check: Instant::now(),
+            fetch_share: MIN_PARTITION_FETCH_BYTES,
             stats: Stats::default(),
         }
     }
@@ -585,7 +595,12 @@ impl Reading {
         if let Some(consumer) = &self.consumer {
             return Ok(consumer.clone());
         }
-        let consumer = Arc::new(create_consumer(&self.client, partitions)?);
+        let consumer = Arc::new(create_consumer(
+            &self.client,
+            partitions,
+            self.shared.fetched.clone(),
+        )?);
+        self.fetch_share = partition_fetch_bytes(&self.client, partitions);
         self.assigner = Some(Assigner::start(consumer.clone(), self.shared.clone())?);
         self.consumer = Some(consumer.clone());
         Ok(consumer)
@@ -937,6 +952,7 @@ impl Reading {
     fn poll_queues(&mut self, consumer: &BaseConsumer<SourceContext>) -> bool {
         let include_headers = self.client.config.include_headers;
         let share = self.share();
+        let limit = share + 2 * self.fetch_share;
         let mut polled = false;
         let mut now = None;
         let mut restart = Vec::new();
@@ -964,10 +980,15 @@ impl Reading {
                     queue.ready.store(true, Ordering::Release);
                     break;
                 }
-                // What fits the buffer's room, so that a full buffer leaves the
-                // rest queued, to be dropped at the pause, as one message at a
-                // time did: a message taken counts as consumed.
-                let want = part.buffer.room_in_records(share).min(BURST - taken);
+                // What is queued, past the buffer's share by up to two fetch
+                // shares (records take more in a buffer than on the wire): what is
+                // left queued is dropped at the pause and fetched again, whole
+                // record batches at a time. Taking only what fitted the share made
+                // the broker send 1,024 partitions at 10,000 records per trigger
+                // 1.9 times the topic, as a fetch brings a partition at least one
+                // record batch and a 16 KiB batch did not fit the room of a 24 KiB
+                // share. A larger record batch is still fetched again.
+                let want = part.buffer.room_in_records(limit).min(BURST - taken);
                 // What one call took is all kept, but after an offset out of
                 // range, where the partition starts over from `next`.
                 let mut failed = false;
@@ -1523,6 +1544,22 @@ fn share_of(read_ahead_bytes: usize, partitions: usize) -> usize {
     (read_ahead_bytes / partitions.max(1)).min(MAX_SHARE_BYTES)
 }
 
+/// What a fetch asks of each of `partitions` partitions: the configuration's
+/// `max.partition.fetch.bytes`, or the default explained in [`create_consumer`].
+fn partition_fetch_bytes(client: &Client, partitions: usize) -> usize {
+    let configured = client
+        .config
+        .client_options
+        .get("max.partition.fetch.bytes")
+        .and_then(|v| v.trim().parse().ok());
+    configured.unwrap_or_else(|| {
+        let share = share_of(client.config.read_ahead_bytes, partitions);
+        (client.config.fetch_max_bytes() / partitions.max(1))
+            .min(share / 2)
+            .clamp(MIN_PARTITION_FETCH_BYTES, 1024 * 1024)
+    })
+}
+
 /// A consumer for reading `partitions` partitions, each with a queue of its own.
 /// librdkafka's limits apply per partition queue, so they are shared out; they
 /// matter only while the thread is busy elsewhere, as it takes every message as
@@ -1530,6 +1567,7 @@ fn share_of(read_ahead_bytes: usize, partitions: usize) -> usize {
 fn create_consumer(
     client: &Client,
     partitions: usize,
+    fetched: Arc<AtomicU64>,
 ) -> Result<BaseConsumer<SourceContext>, KafkaSourceError> {
     let mut config = client.reader_config.clone();
     let options = &client.config.client_options;
@@ -1541,28 +1579,26 @@ fn create_consumer(
         let kbytes = (share / 8 / 1024).clamp(1, 512);
         config.set("queued.max.messages.kbytes", kbytes.to_string());
     }
-    // A fetch brings each partition up to `max.partition.fetch.bytes`. What does
-    // not fit its share is dropped at the pause and fetched again, and while the
-    // reading thread is behind, as much waits in librdkafka's queue, at about
-    // three times the bytes. With librdkafka's 1 MiB, 1,024 partitions at 10,000
-    // records per trigger read 2,000,000 records in 12.9 s (its broker thread
-    // parsed about thirty times what was kept), and 256 partitions in one batch
-    // peaked at 148-165 MiB. So a fetch asks each partition for its part of one
-    // whole fetch (`fetch.max.bytes`), and for no more than half its share, which
-    // is the room it has when it resumes, so that what arrives fits; at least one
-    // of the Java producer's 16 KiB record batches: 4.1-4.6 s and 58-64 MiB. A
+    // A fetch brings each partition up to `max.partition.fetch.bytes`. What a
+    // partition had queued when its buffer filled is kept beyond its share, and
+    // while the reading thread is behind, as much waits in librdkafka's queue, at
+    // about three times the bytes. With librdkafka's 1 MiB, 1,024 partitions at
+    // 10,000 records per trigger read 2,000,000 records in 12.9 s (its broker
+    // thread parsed about thirty times what was kept, when what did not fit was
+    // dropped), and 256 partitions in one batch peaked at 148-165 MiB. So a fetch
+    // asks each partition for its part of one whole fetch (`fetch.max.bytes`),
+    // and for no more than half its share, which is the room it has when it
+    // resumes; at least one of the Java producer's 16 KiB record batches. A
     // larger record batch still arrives: librdkafka doubles a partition's limit
     // when a fetch brought it nothing whole.
     if !options.contains_key("max.partition.fetch.bytes") {
-        let fetch = client.config.fetch_max_bytes();
-        let bytes = (fetch / partitions.max(1))
-            .min(share / 2)
-            .clamp(MIN_PARTITION_FETCH_BYTES, 1024 * 1024);
+        let bytes = partition_fetch_bytes(client, partitions);
         config.set("max.partition.fetch.bytes", bytes.to_string());
     }
     config
         .create_with_context(SourceContext {
             refusals: client.refusals.clone(),
+            fetched: Some(fetched),
         })
         .map_err(|source| KafkaSourceError::Client {
             bootstrap: client.config.bootstrap_servers.clone(),
