@@ -4,7 +4,7 @@
 //! the files, driven by `xtask/spark-compat/SparkCheckpoint.java`.
 //!
 //! These tests need Spark's jars, which `cargo xtask spark-compat` fetches with
-//! Maven (about 220 MB) before it runs them; they are ignored otherwise.
+//! Maven (about 290 MB) before it runs them; they are ignored otherwise.
 
 use std::path::Path;
 use std::process::Command;

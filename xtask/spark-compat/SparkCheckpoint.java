@@ -22,14 +22,16 @@ import java.util.List;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.connector.read.streaming.Offset;
-import org.apache.spark.sql.execution.streaming.CommitLog;
-import org.apache.spark.sql.execution.streaming.CommitMetadata;
-import org.apache.spark.sql.execution.streaming.OffsetSeq;
-import org.apache.spark.sql.execution.streaming.OffsetSeqLog;
-import org.apache.spark.sql.execution.streaming.OffsetSeqMetadata;
-import org.apache.spark.sql.execution.streaming.SerializedOffset;
-import org.apache.spark.sql.execution.streaming.StreamMetadata;
-import org.apache.spark.sql.execution.streaming.StreamMetadata$;
+import org.apache.spark.sql.execution.streaming.checkpointing.CommitLog;
+import org.apache.spark.sql.execution.streaming.checkpointing.CommitMetadata;
+import org.apache.spark.sql.execution.streaming.checkpointing.CommitMetadataBase;
+import org.apache.spark.sql.execution.streaming.checkpointing.OffsetSeq;
+import org.apache.spark.sql.execution.streaming.checkpointing.OffsetSeqBase;
+import org.apache.spark.sql.execution.streaming.checkpointing.OffsetSeqLog;
+import org.apache.spark.sql.execution.streaming.checkpointing.OffsetSeqMetadataBase;
+import org.apache.spark.sql.execution.streaming.runtime.SerializedOffset;
+import org.apache.spark.sql.execution.streaming.runtime.StreamMetadata;
+import org.apache.spark.sql.execution.streaming.runtime.StreamMetadata$;
 import org.apache.spark.sql.kafka010.KafkaSourceInitialOffsetWriter;
 import org.apache.spark.sql.kafka010.KafkaSourceOffset;
 import org.apache.spark.sql.kafka010.KafkaSourceOffset$;
@@ -47,8 +49,10 @@ public class SparkCheckpoint {
             .getOrCreate();
         spark.sparkContext().setLogLevel("WARN");
         String dir = args[1];
-        OffsetSeqLog offsets = new OffsetSeqLog(spark, dir + "/offsets");
-        CommitLog commits = new CommitLog(spark, dir + "/commits");
+        // The third argument keeps Spark's own default (the Scala default
+        // parameter, which Java has to ask for by name).
+        OffsetSeqLog offsets = new OffsetSeqLog(spark, dir + "/offsets", OffsetSeqLog.$lessinit$greater$default$3());
+        CommitLog commits = new CommitLog(spark, dir + "/commits", CommitLog.$lessinit$greater$default$3());
         Path metadata = new Path(dir, "metadata");
         KafkaSourceInitialOffsetWriter initial = new KafkaSourceInitialOffsetWriter(spark, dir + "/sources/0");
         org.apache.hadoop.conf.Configuration hadoop = spark.sessionState().newHadoopConf();
@@ -80,24 +84,24 @@ public class SparkCheckpoint {
                 if (start.isDefined()) {
                     System.out.println("SPARK initial " + sorted(start.get()));
                 }
-                Option<scala.Tuple2<Object, OffsetSeq>> latest = offsets.getLatest();
+                Option<scala.Tuple2<Object, OffsetSeqBase>> latest = offsets.getLatest();
                 long last = latest.isDefined() ? (Long) latest.get()._1() : -1;
                 for (long b = 0; b <= last; b++) {
-                    Option<OffsetSeq> seq = offsets.get(b);
+                    Option<OffsetSeqBase> seq = offsets.get(b);
                     if (seq.isEmpty()) {
                         continue;
                     }
-                    OffsetSeqMetadata md = seq.get().metadata().get();
+                    OffsetSeqMetadataBase md = seq.get().metadataOpt().get();
                     Offset source = seq.get().offsets().head().get();
                     System.out.println("SPARK offsets batch=" + b + " watermark=" + md.batchWatermarkMs()
                         + " timestamp=" + md.batchTimestampMs()
                         + " shuffle=" + md.conf().getOrElse("spark.sql.shuffle.partitions", () -> "unset")
                         + " " + sorted(KafkaSourceOffset$.MODULE$.apply(new SerializedOffset(source.json()))));
                 }
-                Option<scala.Tuple2<Object, CommitMetadata>> latestCommit = commits.getLatest();
+                Option<scala.Tuple2<Object, CommitMetadataBase>> latestCommit = commits.getLatest();
                 long lastCommit = latestCommit.isDefined() ? (Long) latestCommit.get()._1() : -1;
                 for (long b = 0; b <= lastCommit; b++) {
-                    Option<CommitMetadata> commit = commits.get(b);
+                    Option<CommitMetadataBase> commit = commits.get(b);
                     if (commit.isDefined()) {
                         System.out.println("SPARK commit batch=" + b + " nextBatchWatermarkMs="
                             + commit.get().nextBatchWatermarkMs());

@@ -69,7 +69,7 @@ Tasks:
   fuzz [--seconds N] [TARGET...]
                 run each cargo fuzz target (fuzz/) for N seconds (60) on nightly, after its
                 fixed crashes; targets: checkpoint_files, spark_offsets, config_toml, state_file
-  spark-compat  fetch Spark's jars (about 220 MB, once) and check that Spark and Sluice read each
+  spark-compat  fetch Spark's jars (about 290 MB, once) and check that Spark and Sluice read each
                 other's checkpoints
 ";
 
