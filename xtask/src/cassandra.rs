@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::Result;
 
-use crate::devenv::{Kind, Service};
+use crate::service::{Kind, Service};
 use crate::tls::{self, Tls};
 
 /// The CQL native transport port.

@@ -7,8 +7,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::devenv::Service;
 use crate::process::tail;
+use crate::service::Service;
 use crate::tls::{self, Tls};
 
 /// The broker's client port.

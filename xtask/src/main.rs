@@ -21,6 +21,7 @@ mod fuzz;
 mod kafka;
 mod probe;
 mod process;
+mod service;
 #[cfg(test)]
 mod tidy;
 mod tls;

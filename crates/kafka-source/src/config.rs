@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use regex::Regex;
+
 use crate::KafkaSourceError;
 
 /// Which partitions a query reads: exactly one of Spark's three ways.
@@ -191,7 +193,7 @@ impl KafkaSourceConfig {
                 }
             }
             TopicSelection::SubscribePattern(pattern) => {
-                crate::discovery::compile_pattern(pattern)?;
+                compile_pattern(pattern)?;
             }
         }
         for key in self.client_options.keys() {
@@ -228,6 +230,15 @@ fn owned_option(key: &str) -> Option<&'static str> {
             "Sluice reads exact offset ranges and sets it itself"
         }
         _ => return None,
+    })
+}
+
+/// Compiles a subscribe pattern so that it must match a whole topic name, as
+/// Java's `Pattern.matcher(topic).matches()` does for Spark.
+pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex, KafkaSourceError> {
+    Regex::new(&format!("^(?:{pattern})$")).map_err(|source| KafkaSourceError::Pattern {
+        pattern: pattern.to_owned(),
+        source: Box::new(source),
     })
 }
 
@@ -328,5 +339,14 @@ mod tests {
         assert!(c.validate().is_ok());
         c.bootstrap_servers = " ".to_owned();
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn patterns_match_whole_topic_names() {
+        let p = compile_pattern("events-.*").unwrap();
+        assert!(p.is_match("events-eu"));
+        assert!(!p.is_match("old-events-eu"));
+        let p = compile_pattern("a|b").unwrap();
+        assert!(p.is_match("a") && p.is_match("b") && !p.is_match("ab"));
     }
 }

@@ -7,16 +7,7 @@ use rdkafka::metadata::Metadata;
 use regex::Regex;
 use sluice_offsets::TopicPartition;
 
-use crate::{KafkaSourceError, TopicSelection};
-
-/// Compiles a subscribe pattern so that it must match a whole topic name, as
-/// Java's `Pattern.matcher(topic).matches()` does for Spark.
-pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex, KafkaSourceError> {
-    Regex::new(&format!("^(?:{pattern})$")).map_err(|source| KafkaSourceError::Pattern {
-        pattern: pattern.to_owned(),
-        source: Box::new(source),
-    })
-}
+use crate::TopicSelection;
 
 /// The partitions of `selection` that `metadata` knows. An assigned partition the
 /// cluster does not have is left out: the data-loss classification reports it.
@@ -71,18 +62,4 @@ pub(crate) fn select(
         }
     }
     selected
-}
-
-#[cfg(test)]
-mod tests {
-    use super::compile_pattern;
-
-    #[test]
-    fn patterns_match_whole_topic_names() {
-        let p = compile_pattern("events-.*").unwrap();
-        assert!(p.is_match("events-eu"));
-        assert!(!p.is_match("old-events-eu"));
-        let p = compile_pattern("a|b").unwrap();
-        assert!(p.is_match("a") && p.is_match("b") && !p.is_match("ab"));
-    }
 }

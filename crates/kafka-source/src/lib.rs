@@ -129,7 +129,7 @@ impl KafkaSource {
     pub fn new(config: KafkaSourceConfig, query_id: &str) -> Result<KafkaSource, KafkaSourceError> {
         config.validate()?;
         let pattern = match &config.selection {
-            TopicSelection::SubscribePattern(p) => Some(discovery::compile_pattern(p)?),
+            TopicSelection::SubscribePattern(p) => Some(config::compile_pattern(p)?),
             _ => None,
         };
         let group_id = config

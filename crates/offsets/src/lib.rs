@@ -25,6 +25,7 @@ mod json;
 mod partition;
 mod processor;
 mod rate_limit;
+mod record;
 mod recovery;
 mod source;
 mod starting;
@@ -49,13 +50,12 @@ pub use processor::{
     BadRecordPolicy, ERROR_HEADER, EventTimeStats, PassThrough, Processed, Processor,
 };
 pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
+pub use record::{Header, Record, TimestampType};
 pub use recovery::{
     DEFAULT_MIN_BATCHES_TO_RETAIN, Inconsistency, Log, Recovery, decide_recovery, purge_due,
     purge_interval, purge_threshold,
 };
-pub use source::{
-    BatchReader, Header, PartitionRecords, ReadBatch, Record, Sink, Source, TimestampType, read_all,
-};
+pub use source::{BatchReader, PartitionRecords, ReadBatch, Sink, Source, read_all};
 pub use starting::{
     MissingCommitted, SpecificOffset, StartingOffsets, StartingOffsetsError, StartingOptions,
     TimestampFallback, parse_starting_offsets,

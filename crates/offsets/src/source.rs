@@ -1,54 +1,13 @@
-//! Records, and the trait a source of records implements.
+//! The traits a source of records and a sink implement, and a batch read
+//! whole for tests and small tools.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
 
 use crate::{
-    BatchId, DataLoss, Offset, OffsetBounds, OffsetRange, PartitionOffsets, RecordChunk,
+    BatchId, DataLoss, OffsetBounds, OffsetRange, PartitionOffsets, Record, RecordChunk,
     StartingOffsets, TopicPartition,
 };
-
-/// How a record's timestamp was set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TimestampType {
-    /// The record has no timestamp.
-    NotAvailable,
-    /// Set by the producer.
-    CreateTime,
-    /// Set by the broker when it appended the record.
-    LogAppendTime,
-}
-
-/// One record header.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Header {
-    /// The header's name.
-    pub key: String,
-    /// The header's value; `None` for a null value.
-    pub value: Option<Vec<u8>>,
-}
-
-/// One record as read from a partition.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Record {
-    /// The topic, shared by the records of a partition.
-    pub topic: Arc<str>,
-    /// The partition number.
-    pub partition: i32,
-    /// The record's offset.
-    pub offset: Offset,
-    /// Epoch milliseconds, when the record has a timestamp.
-    pub timestamp_ms: Option<i64>,
-    /// How the timestamp was set.
-    pub timestamp_type: TimestampType,
-    /// The key; `None` for a null key.
-    pub key: Option<Vec<u8>>,
-    /// The value; `None` for a null value (a tombstone).
-    pub value: Option<Vec<u8>>,
-    /// The headers, when the source is asked to include them; empty otherwise.
-    pub headers: Vec<Header>,
-}
 
 /// The records of one planned range, in offset order.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -82,7 +82,7 @@ impl AvroFormat {
     /// `wire`. Fails when the schema does not parse or is not a record.
     pub fn new(schema: &str, wire: AvroWire) -> Result<AvroFormat, SqlError> {
         let bad = |reason: String| SqlError::AvroSchema {
-            reason: crate::query::one_line(&reason),
+            reason: crate::error::one_line(&reason),
         };
         let parsed: serde_json::Value =
             serde_json::from_str(schema).map_err(|e| bad(format!("it is not JSON: {e}")))?;

@@ -75,3 +75,12 @@ impl From<sluice_state::StateError> for SqlError {
         }
     }
 }
+
+/// A message on one line: its lines joined.
+pub(crate) fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

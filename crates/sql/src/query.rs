@@ -23,6 +23,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
 use crate::SqlError;
+use crate::error::one_line;
 use crate::window::{
     WindowGrouping, WindowKind, is_window_key, rewrite_window_grouping, window_functions,
 };
@@ -693,21 +694,12 @@ fn planning_error(error: DataFusionError, table: &str) -> SqlError {
     }
 }
 
-/// A message on one line: its lines joined.
-pub(crate) fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
-    use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use arrow::array::{AsArray, Int32Array, Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
 
     use super::*;
 

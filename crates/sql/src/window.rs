@@ -344,7 +344,7 @@ pub(crate) fn rewrite_window_grouping(
     use datafusion::sql::sqlparser::parser::Parser;
 
     let syntax =
-        |e: &dyn std::fmt::Display| crate::SqlError::Syntax(crate::query::one_line(&e.to_string()));
+        |e: &dyn std::fmt::Display| crate::SqlError::Syntax(crate::error::one_line(&e.to_string()));
     let mut statements = DFParserBuilder::new(sql)
         .with_dialect(&SparkSqlDialect {})
         .build()
