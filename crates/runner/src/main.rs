@@ -6,7 +6,6 @@
 //! 3 data loss with `fail_on_data_loss = true`, 4 an unusable checkpoint (held by
 //! another runner, damaged or inconsistent), 130 a second interrupt.
 
-mod config;
 mod dead;
 mod exit;
 mod failpoint;
@@ -15,7 +14,7 @@ mod offsets_cmd;
 mod offsets_group;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -29,9 +28,10 @@ use sluice_offsets::{OffsetStore, PassThrough, Processor, Sink, Source};
 use sluice_sql::{Decoder, SqlProcessor, StreamQuery};
 use tokio::sync::watch;
 
-use config::{DeadLetters, Settings, SinkKind, StoreKind};
 use dead::DeadLetterSink;
 use exit::{Classify, Exit};
+use sluice_runner::config;
+use sluice_runner::config::{DeadLetters, Settings, SinkKind, StoreKind};
 
 /// Exactly-once micro-batches from Apache Kafka.
 #[derive(Parser)]

@@ -1,0 +1,286 @@
+//! How the stream is processed: the values' format and schema, what happens
+//! to a value that does not decode (`[dead_letter]`), the event time, and
+//! `[query]`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use sluice_kafka_source::KafkaSourceConfig;
+use sluice_offsets::BadRecordPolicy;
+
+use super::source::SourceSection;
+use super::values::{parse_duration, with_source_security};
+
+/// `[query]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuerySection {
+    /// A SELECT over the source table.
+    pub sql: String,
+    /// When an aggregation emits a group: "append", "update" or "complete".
+    pub output_mode: Option<String>,
+    /// The most groups an aggregation may hold.
+    pub max_state_rows: Option<u64>,
+    /// How many partitions an aggregation's state is split into.
+    pub state_partitions: Option<u32>,
+}
+
+/// `[dead_letter]`: a directory of JSON-lines files, or a Kafka topic.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterSection {
+    pub path: Option<PathBuf>,
+    pub topic: Option<String>,
+    /// The Kafka cluster of `topic`; the source's by default.
+    pub bootstrap_servers: Option<String>,
+}
+
+/// How the stream is processed, checked.
+#[derive(Debug, Clone)]
+pub struct Processing {
+    /// The source table's name.
+    pub table: String,
+    /// How values are read.
+    pub format: sluice_sql::Format,
+    /// The SQL, if any.
+    pub sql: Option<String>,
+    /// What happens to records whose values do not decode.
+    pub on_bad_record: sluice_offsets::BadRecordPolicy,
+    /// The event-time column and the watermark delay in milliseconds.
+    pub watermark: Option<(String, i64)>,
+    /// `[query] output_mode`, when set.
+    pub output_mode: Option<sluice_sql::OutputMode>,
+    /// `[query] max_state_rows`, when set.
+    pub max_state_rows: Option<u64>,
+    /// `[query] state_partitions`, when set.
+    pub state_partitions: Option<u32>,
+}
+
+impl Processing {
+    /// How the query is planned.
+    pub fn query_options(&self) -> sluice_sql::QueryOptions {
+        sluice_sql::QueryOptions {
+            output_mode: self.output_mode,
+            watermark_column: self.watermark.as_ref().map(|(column, _)| column.clone()),
+            max_state_rows: self.max_state_rows,
+            state_partitions: self.state_partitions,
+        }
+    }
+}
+
+impl Processing {
+    /// Whether records reach the sink as read, with nothing to decode or query.
+    pub fn is_pass_through(&self) -> bool {
+        self.sql.is_none() && self.format == sluice_sql::Format::Raw && self.watermark.is_none()
+    }
+}
+
+/// Where records whose values do not decode go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetters {
+    /// Nowhere: `on_bad_record` is not "dead_letter".
+    None,
+    /// JSON-lines files in a directory, one per batch.
+    Directory(PathBuf),
+    /// A Kafka topic.
+    Kafka(sluice_kafka_source::KafkaSinkConfig),
+}
+
+/// The processing of `[source]`'s values and `[query]`, and where values
+/// that do not decode go; `kafka` is the source's, whose cluster a
+/// dead-letter topic is on by default.
+pub(super) fn processing(
+    source: &SourceSection,
+    query: Option<QuerySection>,
+    dead_letter: Option<DeadLetterSection>,
+    kafka: &KafkaSourceConfig,
+) -> Result<(Processing, DeadLetters)> {
+    let format = format(source)?;
+    let on_bad_record = on_bad_record(source)?;
+    let table = source.table.clone().unwrap_or_else(|| "source".to_owned());
+    if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        bail!("source.table {table:?} must be a plain name: letters, digits and underscores");
+    }
+    let (sql, output_mode, max_state_rows, state_partitions) = match query {
+        Some(query) => (
+            Some(query.sql),
+            query.output_mode,
+            query.max_state_rows,
+            query.state_partitions,
+        ),
+        None => (None, None, None, None),
+    };
+    if max_state_rows == Some(0) {
+        bail!("query.max_state_rows must be at least 1");
+    }
+    if let Some(n) = state_partitions
+        && !(1..=sluice_sql::MAX_STATE_PARTITIONS).contains(&n)
+    {
+        bail!(
+            "query.state_partitions = {n}: it must be from 1 to {}",
+            sluice_sql::MAX_STATE_PARTITIONS
+        );
+    }
+    let output_mode = match output_mode.as_deref() {
+        None => None,
+        Some("append") => Some(sluice_sql::OutputMode::Append),
+        Some("update") => Some(sluice_sql::OutputMode::Update),
+        Some("complete") => Some(sluice_sql::OutputMode::Complete),
+        Some(other) => {
+            bail!("query.output_mode must be \"append\", \"update\" or \"complete\", not {other:?}")
+        }
+    };
+    if sql.as_deref().is_some_and(|s| s.trim().is_empty()) {
+        bail!("query.sql is empty: write a SELECT over the source table `{table}`");
+    }
+    let dead_letters = dead_letters(on_bad_record, dead_letter, kafka)?;
+    if format == sluice_sql::Format::Raw && on_bad_record != BadRecordPolicy::Fail {
+        bail!(
+            "source.on_bad_record applies to values that do not decode, but format is \"raw\": \
+             set format = \"json\", \"csv\" or \"avro\" with a schema"
+        );
+    }
+    let watermark = watermark(source)?;
+    let processing = Processing {
+        table,
+        format,
+        sql,
+        on_bad_record,
+        watermark,
+        output_mode,
+        max_state_rows,
+        state_partitions,
+    };
+    Ok((processing, dead_letters))
+}
+
+/// How values are read: raw, or JSON, CSV or Avro with a schema.
+fn format(source: &SourceSection) -> Result<sluice_sql::Format> {
+    let declared = match (source.schema.clone(), source.schema_file.clone()) {
+        (Some(_), Some(_)) => bail!("[source] takes schema or schema_file, not both"),
+        (Some(text), None) => Some(text),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read source.schema_file {}", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    let format_name = source.format.as_deref().unwrap_or("raw");
+    if format_name != "avro"
+        && (source.avro_wire_format.is_some() || source.avro_schema_id.is_some())
+    {
+        bail!("source.avro_wire_format and avro_schema_id apply to format = \"avro\" only");
+    }
+    Ok(match (format_name, declared) {
+        ("raw", None) => sluice_sql::Format::Raw,
+        ("raw", Some(_)) => bail!(
+            "source.schema declares columns, but format is \"raw\": set format = \"json\", \"csv\" \
+             or \"avro\""
+        ),
+        ("json", Some(schema)) => {
+            sluice_sql::Format::Json(sluice_sql::parse_ddl(schema.trim()).context("source.schema")?)
+        }
+        ("csv", Some(schema)) => {
+            sluice_sql::Format::Csv(sluice_sql::parse_ddl(schema.trim()).context("source.schema")?)
+        }
+        ("json" | "csv", None) => bail!(
+            "source.format = {format_name:?} needs source.schema, the values' columns in Spark's DDL \
+             form, like \"order BIGINT, customer STRING, amount DOUBLE\""
+        ),
+        ("avro", Some(schema)) => {
+            let wire = match (source.avro_wire_format.as_deref(), source.avro_schema_id) {
+                (None | Some("raw"), None) => sluice_sql::AvroWire::Raw,
+                (None | Some("raw"), Some(_)) => bail!(
+                    "source.avro_schema_id applies to avro_wire_format = \"confluent\", whose values \
+                     carry a schema id"
+                ),
+                (Some("confluent"), id) => sluice_sql::AvroWire::Confluent(id),
+                (Some(other), _) => {
+                    bail!("source.avro_wire_format must be \"raw\" or \"confluent\", not {other:?}")
+                }
+            };
+            sluice_sql::Format::Avro(sluice_sql::AvroFormat::new(schema.trim(), wire)?)
+        }
+        ("avro", None) => bail!(
+            "source.format = \"avro\" needs source.schema (or schema_file), the writer's schema in \
+             Avro's JSON form, like '{{\"type\": \"record\", \"name\": \"Order\", \"fields\": [...]}}'"
+        ),
+        (other, _) => {
+            bail!("source.format must be \"raw\", \"json\", \"csv\" or \"avro\", not {other:?}")
+        }
+    })
+}
+
+/// `on_bad_record`: what happens to a value that does not decode.
+fn on_bad_record(source: &SourceSection) -> Result<BadRecordPolicy> {
+    Ok(match source.on_bad_record.as_deref() {
+        None | Some("fail") => BadRecordPolicy::Fail,
+        Some("skip") => BadRecordPolicy::Skip,
+        Some("dead_letter") => BadRecordPolicy::DeadLetter,
+        Some(other) => bail!(
+            "source.on_bad_record must be \"fail\", \"skip\" or \"dead_letter\", not {other:?}"
+        ),
+    })
+}
+
+/// Where values that do not decode go, with `on_bad_record = "dead_letter"`.
+fn dead_letters(
+    on_bad_record: BadRecordPolicy,
+    section: Option<DeadLetterSection>,
+    kafka: &KafkaSourceConfig,
+) -> Result<DeadLetters> {
+    Ok(match (on_bad_record, section) {
+        (BadRecordPolicy::DeadLetter, None) => bail!(
+            "on_bad_record = \"dead_letter\" needs a [dead_letter] table with path (a directory) \
+             or topic (a Kafka topic)"
+        ),
+        (BadRecordPolicy::DeadLetter, Some(dead)) => {
+            match (dead.path, dead.topic) {
+                (Some(_), None) if dead.bootstrap_servers.is_some() => bail!(
+                    "dead_letter.bootstrap_servers is for a dead-letter topic, and [dead_letter] \
+                     names a directory (path)"
+                ),
+                (Some(path), None) => DeadLetters::Directory(path),
+                (None, Some(topic)) => DeadLetters::Kafka(sluice_kafka_source::KafkaSinkConfig {
+                    // On the source's cluster, it reaches it as the source does.
+                    client_options: match &dead.bootstrap_servers {
+                        None => with_source_security(&kafka.client_options, BTreeMap::new()),
+                        Some(_) => BTreeMap::new(),
+                    },
+                    bootstrap_servers: dead
+                        .bootstrap_servers
+                        .unwrap_or_else(|| kafka.bootstrap_servers.clone()),
+                    topic,
+                    delivery: sluice_kafka_source::Delivery::AtLeastOnce,
+                }),
+                _ => bail!("[dead_letter] takes path or topic, exactly one"),
+            }
+        }
+        (_, Some(_)) => bail!(
+            "[dead_letter] is set, but on_bad_record is not \"dead_letter\", so nothing would go there"
+        ),
+        (_, None) => DeadLetters::None,
+    })
+}
+
+/// The event-time column and the watermark's delay in milliseconds.
+fn watermark(source: &SourceSection) -> Result<Option<(String, i64)>> {
+    Ok(
+        match (source.event_time.clone(), source.watermark_delay.clone()) {
+            (Some(column), None) => bail!(
+                "source.event_time = {column:?} takes effect with a watermark: set source.watermark_delay \
+             too, like \"10s\""
+            ),
+            (column, Some(delay)) => {
+                let delay = parse_duration("source.watermark_delay", &delay)?;
+                Some((
+                    column.unwrap_or_else(|| "timestamp".to_owned()),
+                    i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
+                ))
+            }
+            (None, None) => None,
+        },
+    )
+}

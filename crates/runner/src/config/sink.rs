@@ -1,0 +1,260 @@
+//! `[sink]`: where rows go, each sink's options checked against its type.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use sluice_executor::Trigger;
+use sluice_kafka_source::KafkaSourceConfig;
+
+use super::checkpoint::CassandraAuth;
+use super::processing::Processing;
+use super::values::{client_options, with_source_security};
+
+/// `[sink]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSection {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub path: Option<PathBuf>,
+    pub format: Option<String>,
+    /// How many rows of each batch a `console` sink's table shows (Spark's
+    /// `numRows`, default 20).
+    pub num_rows: Option<usize>,
+    /// Whether a `console` sink's table cuts values to 20 characters (Spark's
+    /// `truncate`, default true).
+    pub truncate: Option<bool>,
+    /// The output topic of a `kafka` sink.
+    pub topic: Option<String>,
+    /// The output cluster of a `kafka` sink; the source's by default.
+    pub bootstrap_servers: Option<String>,
+    /// Producer options of a `kafka` sink, passed through.
+    #[serde(default)]
+    pub kafka: BTreeMap<String, toml::Value>,
+    /// A `kafka` sink's guarantee: "at_least_once" or "exactly_once".
+    pub delivery: Option<String>,
+    /// Contact points of a `cassandra` sink, `host:port[,host:port]`.
+    pub nodes: Option<String>,
+    /// The keyspace of a `cassandra` sink.
+    pub keyspace: Option<String>,
+    /// The table of a `cassandra` sink.
+    pub table: Option<String>,
+    /// A `cassandra` sink's columns: column = "topic" | "partition" | "offset" |
+    /// "timestamp" | "key" | "value" | `"value.<json path>"`.
+    #[serde(default)]
+    pub columns: BTreeMap<String, String>,
+    /// A `cassandra` sink's authentication and TLS.
+    #[serde(flatten)]
+    pub auth: CassandraAuth,
+}
+
+/// The built-in sinks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkKind {
+    Discard,
+    Console {
+        json: bool,
+        num_rows: usize,
+        truncate: bool,
+    },
+    Jsonl {
+        path: PathBuf,
+    },
+    Kafka(sluice_kafka_source::KafkaSinkConfig),
+    Cassandra(sluice_cassandra_store::CassandraSinkConfig),
+}
+
+/// Refuses an option of another sink type than the one configured, which
+/// would otherwise be ignored without a word.
+fn check_sink_options(sink: &SinkSection) -> Result<()> {
+    let set = [
+        ("path", sink.path.is_some()),
+        ("format", sink.format.is_some()),
+        ("num_rows", sink.num_rows.is_some()),
+        ("truncate", sink.truncate.is_some()),
+        ("topic", sink.topic.is_some()),
+        ("bootstrap_servers", sink.bootstrap_servers.is_some()),
+        ("kafka", !sink.kafka.is_empty()),
+        ("nodes", sink.nodes.is_some()),
+        ("keyspace", sink.keyspace.is_some()),
+        ("table", sink.table.is_some()),
+        ("columns", !sink.columns.is_empty()),
+        ("username", sink.auth.username.is_some()),
+        ("password", sink.auth.password.is_some()),
+        ("password_env", sink.auth.password_env.is_some()),
+        ("tls_ca_file", sink.auth.tls_ca_file.is_some()),
+    ];
+    let owner = |key: &str| match key {
+        "path" => "jsonl",
+        "format" | "num_rows" | "truncate" => "console",
+        "topic" | "bootstrap_servers" | "kafka" => "kafka",
+        _ => "cassandra",
+    };
+    let known = ["console", "discard", "jsonl", "kafka", "cassandra"];
+    if !known.contains(&sink.kind.as_str()) {
+        return Ok(());
+    }
+    match set
+        .iter()
+        .find(|(key, is_set)| *is_set && owner(key) != sink.kind)
+    {
+        Some((key, _)) => bail!(
+            "sink.{key} is an option of the {} sink, and sink.type is {:?}: remove it, or change \
+             the type",
+            owner(key),
+            sink.kind
+        ),
+        None => Ok(()),
+    }
+}
+
+/// The sink of `section`: the source's `kafka` options give a kafka sink on
+/// the same cluster its servers and security, the `trigger` rules out what it
+/// cannot deliver, and `processing` says whether rows or records arrive.
+pub(super) fn sink(
+    section: SinkSection,
+    kafka: &KafkaSourceConfig,
+    trigger: Trigger,
+    processing: &Processing,
+) -> Result<SinkKind> {
+    if section.delivery.is_some() && section.kind != "kafka" {
+        bail!(
+            "sink.delivery is the kafka sink's; a {:?} sink's guarantee is its own (see \
+             docs/delivery.md)",
+            section.kind
+        );
+    }
+    check_sink_options(&section)?;
+    match section.kind.as_str() {
+        "console" => console(&section),
+        "discard" => Ok(SinkKind::Discard),
+        "jsonl" => Ok(SinkKind::Jsonl {
+            path: section
+                .path
+                .context("a jsonl sink needs sink.path, the directory to write batch files to")?,
+        }),
+        "kafka" => kafka_sink(section, kafka, trigger),
+        "cassandra" => cassandra(section, processing),
+        other => bail!(
+            "sink.type must be \"jsonl\", \"cassandra\", \"kafka\", \"console\" or \"discard\", not {other:?}"
+        ),
+    }
+}
+
+fn console(section: &SinkSection) -> Result<SinkKind> {
+    let json = match section.format.as_deref() {
+        None | Some("text") => false,
+        Some("json") => true,
+        Some(other) => bail!("sink.format must be \"text\" or \"json\", not {other:?}"),
+    };
+    if section.num_rows == Some(0) {
+        bail!("sink.num_rows must be at least 1");
+    }
+    Ok(SinkKind::Console {
+        json,
+        num_rows: section
+            .num_rows
+            .unwrap_or(sluice_executor::sinks::DEFAULT_NUM_ROWS),
+        truncate: section.truncate.unwrap_or(true),
+    })
+}
+
+fn kafka_sink(
+    section: SinkSection,
+    kafka: &KafkaSourceConfig,
+    trigger: Trigger,
+) -> Result<SinkKind> {
+    let delivery = match section.delivery.as_deref() {
+        None | Some("at_least_once") => sluice_kafka_source::Delivery::AtLeastOnce,
+        Some("exactly_once") => sluice_kafka_source::Delivery::ExactlyOnce,
+        Some(other) => {
+            bail!("sink.delivery must be \"at_least_once\" or \"exactly_once\", not {other:?}")
+        }
+    };
+    let own_options = client_options("sink.kafka", section.kafka)?;
+    // On the source's cluster, the sink reaches it as the source does.
+    let sink_options = match &section.bootstrap_servers {
+        None => with_source_security(&kafka.client_options, own_options),
+        Some(_) => own_options,
+    };
+    let bootstrap_servers = section
+        .bootstrap_servers
+        .unwrap_or_else(|| kafka.bootstrap_servers.clone());
+    if delivery == sluice_kafka_source::Delivery::ExactlyOnce
+        && matches!(trigger, Trigger::Continuous(_))
+    {
+        bail!(
+            "sink.delivery = \"exactly_once\" with trigger.continuous: an epoch's \
+                 transaction would hold every record back until the epoch ends, and the \
+                 continuous trigger is at least once (docs/delivery.md); use \
+                 delivery = \"at_least_once\", or processing_time = \"0s\", which is \
+                 exactly once within milliseconds"
+        );
+    }
+    if delivery == sluice_kafka_source::Delivery::ExactlyOnce
+        && bootstrap_servers != kafka.bootstrap_servers
+    {
+        bail!(
+            "sink.delivery = \"exactly_once\" with sink.bootstrap_servers = \
+                 {bootstrap_servers:?}, another cluster than the source's: exactly once \
+                 commits each batch's source offsets inside the output transaction, which \
+                 Kafka allows only on the cluster that holds both; leave \
+                 sink.bootstrap_servers out, or use at_least_once"
+        );
+    }
+    Ok(SinkKind::Kafka(sluice_kafka_source::KafkaSinkConfig {
+        bootstrap_servers,
+        topic: section
+            .topic
+            .context("a kafka sink needs sink.topic, the topic to produce to")?,
+        client_options: sink_options,
+        delivery,
+    }))
+}
+
+fn cassandra(section: SinkSection, processing: &Processing) -> Result<SinkKind> {
+    let need = |value: Option<String>, key: &str| {
+        value.with_context(|| format!("a cassandra sink needs sink.{key}"))
+    };
+    let nodes: Vec<String> = need(section.nodes, "nodes")?
+        .split(',')
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let connection = section.auth.connection(nodes, "sink")?;
+    let keyspace = need(section.keyspace, "keyspace")?;
+    let table = need(section.table, "table")?;
+    let (columns, renames) = if processing.is_pass_through() {
+        if section.columns.is_empty() {
+            bail!("a cassandra sink needs [sink.columns], mapping columns to record fields");
+        }
+        let columns = section
+            .columns
+            .into_iter()
+            .map(
+                |(column, field)| match sluice_cassandra_store::Field::parse(&field) {
+                    Some(field) => Ok((column, field)),
+                    None => bail!(
+                        "sink.columns.{column} = {field:?}: use topic, partition, offset, \
+                         timestamp, key, value or value.<json path>"
+                    ),
+                },
+            )
+            .collect::<Result<_>>()?;
+        (columns, BTreeMap::new())
+    } else {
+        // Rows map to columns by name; [sink.columns] renames.
+        (BTreeMap::new(), section.columns)
+    };
+    Ok(SinkKind::Cassandra(
+        sluice_cassandra_store::CassandraSinkConfig {
+            connection,
+            keyspace,
+            table,
+            columns,
+            renames,
+        },
+    ))
+}
