@@ -823,3 +823,26 @@ fn group_mode_needs_the_cassandra_store_and_a_group() {
         stderr(&output)
     );
 }
+
+#[test]
+fn validate_refuses_a_stateful_query_with_scale_out_as_run_does() {
+    let job = Job::with_cassandra("scale_out_stateful");
+    let config = job.config_with(&group_mode("g"), "processing_time = \"1s\"");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[query]\nsql = \"SELECT key, count(*) AS n FROM source GROUP BY key\"\n");
+    std::fs::write(&config, text).unwrap();
+    for command in ["validate", "run"] {
+        let output = run(&[command, "--config", config.to_str().unwrap()]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{command}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains("stateful queries are not supported with scale_out"),
+            "{command}: {}",
+            stderr(&output)
+        );
+    }
+}

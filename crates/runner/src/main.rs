@@ -177,27 +177,32 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// Every check that `run` and `validate` both make before anything is opened:
+/// the configuration, the query planned over its decoder (so that bad SQL
+/// touches no store), what the sink needs of the query's rows, and whether the
+/// query can run in the mode the configuration asks for. `None` for a query
+/// that passes the records through.
+async fn prepare(config: &Path) -> Result<(Settings, Option<SqlProcessor>), Exit> {
+    let settings = config::load(config).map_err(Exit::config)?;
+    if settings.processing.is_pass_through() {
+        return Ok((settings, None));
+    }
+    let processor = processor(&settings).await?;
+    if let SinkKind::Kafka(_) = &settings.sink {
+        KafkaSink::check_rows(&processor.output_schema()).map_err(|e| Exit::config(e.into()))?;
+    }
+    if settings.scale_out.is_some() && processor.is_stateful() {
+        return Err(Exit::config(anyhow::anyhow!(
+            "query.sql aggregates, and stateful queries are not supported with scale_out yet: \
+             their state would have to move with the partitions (docs/scale-out.md#limits)"
+        )));
+    }
+    Ok((settings, Some(processor)))
+}
+
 async fn run(config: PathBuf) -> Result<(), Exit> {
-    let settings = config::load(&config).map_err(Exit::config)?;
-    // Planned before anything is opened, so that bad SQL touches no store.
-    let processor = match settings.processing.is_pass_through() {
-        true => None,
-        false => {
-            let processor = processor(&settings).await?;
-            if let SinkKind::Kafka(_) = &settings.sink {
-                KafkaSink::check_rows(&processor.output_schema())
-                    .map_err(|e| Exit::config(e.into()))?;
-            }
-            Some(processor)
-        }
-    };
+    let (settings, processor) = prepare(&config).await?;
     if let Some(protocol) = settings.scale_out {
-        if processor.as_ref().is_some_and(SqlProcessor::is_stateful) {
-            return Err(Exit::config(anyhow::anyhow!(
-                "query.sql aggregates, and stateful queries are not supported with scale_out yet: \
-                 their state would have to move with the partitions (docs/scale-out.md#limits)"
-            )));
-        }
         let StoreKind::Cassandra(location, options) = settings.checkpoint.clone() else {
             unreachable!("the configuration refuses scale_out without a Cassandra store");
         };
@@ -867,14 +872,7 @@ fn stop_on_signals() -> watch::Receiver<bool> {
 }
 
 async fn validate(config: PathBuf) -> Result<(), Exit> {
-    let settings = config::load(&config).map_err(Exit::config)?;
-    if !settings.processing.is_pass_through() {
-        let processor = processor(&settings).await?;
-        if let SinkKind::Kafka(_) = &settings.sink {
-            KafkaSink::check_rows(&processor.output_schema())
-                .map_err(|e| Exit::config(e.into()))?;
-        }
-    }
+    let (settings, _) = prepare(&config).await?;
     if let SinkKind::Kafka(sink) = &settings.sink {
         KafkaSink::check_options(sink).map_err(Classify::exit)?;
         KafkaSink::check_transaction_timeout(sink)
