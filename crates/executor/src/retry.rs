@@ -291,13 +291,11 @@ mod tests {
                 break;
             }
         }
-        assert!(outcome.is_some());
-        assert!(
-            tries.elapsed() <= Duration::from_secs(60),
-            "{:?}",
-            tries.elapsed()
-        );
-        assert!(tries.attempts() >= 2);
+        // Attempts at 0-20 s and 21-41 s fail; the third, from 43 s, is cut
+        // off by the 60 s startup timeout before it could fail at 63 s.
+        assert_eq!(outcome, Some("timed out"));
+        assert_eq!(tries.elapsed(), Duration::from_secs(60));
+        assert_eq!(tries.attempts(), 3);
     }
 
     #[tokio::test(start_paused = true)]

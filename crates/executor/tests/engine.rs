@@ -43,6 +43,8 @@ struct MemSource {
     reads: Arc<Mutex<u32>>,
     /// From this `partitions` call on (1 is the first), every call fails so.
     fail_from_call: Arc<Mutex<Option<(u32, &'static str)>>>,
+    /// How long a `partitions` call that succeeds takes.
+    discovery_delay: Arc<Mutex<Duration>>,
 }
 
 /// Records per chunk of the in-memory source.
@@ -107,6 +109,8 @@ impl Source for MemSource {
             tokio::time::sleep(delay).await;
             return Err(TestError(message.to_owned()));
         }
+        let delay = *self.discovery_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
         Ok(self
             .logs
             .lock()
@@ -561,6 +565,57 @@ async fn available_now_reads_everything_in_rate_limited_batches_then_stops() {
         5,
         "no plan without new data"
     );
+}
+
+#[tokio::test]
+async fn a_batch_held_for_the_next_plan_does_not_count_the_wait_in_its_duration() {
+    // Back to back at processing_time 0, each batch discovers the offsets
+    // anew, for 100 ms, while the previous batch's commit waits for its plan:
+    // that wait is the next batch's latestOffset, not the held batch's.
+    let source = MemSource::with(&[(0, 60), (1, 30)]);
+    *source.discovery_delay.lock().unwrap() = Duration::from_millis(100);
+    let store = MemStore::joining();
+    let mut query = Query::new(
+        options(Trigger::ProcessingTime(Duration::ZERO), Some(30)),
+        "q".into(),
+        source,
+        store.clone(),
+        MemSink::default(),
+    );
+    let (stop_tx, stop) = watch::channel(false);
+    let mut progress = Vec::new();
+    query
+        .run(stop, |p: &QueryProgress| {
+            progress.push(p.clone());
+            if p.batch_id == 2 {
+                let _ = stop_tx.send(true);
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.writes(),
+        [
+            "plan 0",
+            "commit 0 + plan 1",
+            "commit 1 + plan 2",
+            "commit 2"
+        ]
+    );
+    assert_eq!(progress.len(), 3);
+    for p in &progress {
+        let d = &p.duration_micros;
+        assert!(
+            d.latest_offset >= 100_000,
+            "each discovery took 100 ms: {d:?}"
+        );
+        let phases = d.latest_offset + d.wal_commit + d.add_batch + d.commit_offsets;
+        assert!(
+            d.trigger_execution <= phases + 50_000,
+            "batch {}: {d:?}",
+            p.batch_id
+        );
+    }
 }
 
 #[tokio::test]

@@ -742,8 +742,31 @@ mod tests {
 
     #[tokio::test]
     async fn camel_case_columns_resolve_as_written() {
-        let query = StreamQuery::plan("SELECT timestampType FROM orders", "orders", input()).await;
-        assert!(query.is_ok(), "{:?}", query.err());
+        let query = StreamQuery::plan("SELECT timestampType FROM orders", "orders", input())
+            .await
+            .unwrap();
+        let schema = query.schema();
+        let fields: Vec<(&str, &DataType)> = schema
+            .fields()
+            .iter()
+            .map(|f| (f.name().as_str(), f.data_type()))
+            .collect();
+        assert_eq!(fields, [("timestampType", &DataType::Int32)]);
+        let batch = RecordBatch::try_new(
+            input(),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec!["A", "B"])),
+                Arc::new(Int32Array::from(vec![0, 1])),
+            ],
+        )
+        .unwrap();
+        let out = query.run(batch).await.unwrap();
+        let values: Vec<i32> = out
+            .iter()
+            .flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec())
+            .collect();
+        assert_eq!(values, [0, 1]);
     }
 
     #[tokio::test]
@@ -755,8 +778,25 @@ mod tests {
             "source",
             kafka,
         )
-        .await;
-        assert!(query.is_ok(), "{:?}", query.err());
+        .await
+        .unwrap();
+        let schema = query.schema();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "key",
+                "value",
+                "topic",
+                "partition",
+                "offset",
+                "timestamp",
+                "timestampType",
+                "headers",
+                "next"
+            ]
+        );
+        assert_eq!(schema.field(8).data_type(), &DataType::Int64);
     }
 
     #[tokio::test]
