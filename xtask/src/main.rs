@@ -337,27 +337,67 @@ fn spark_compat(root: &Path) -> Result<()> {
         &lib,
         &dir.join("maven.log"),
     )?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    // `--workspace --tests`, as in `cargo_test`, to reuse its build.
-    let args = [
-        "test",
-        "--workspace",
-        "--tests",
+    let classpath = format!("{}/*", lib.display());
+    ignored_tests(
+        root,
         "spark_checkpoint",
-        "--",
-        "--ignored",
-    ];
-    println!("$ cargo {}", args.join(" "));
-    let status = Command::new(cargo)
-        .args(args)
+        &[],
+        &[("SLUICE_SPARK_CLASSPATH", classpath.as_str())],
+    )
+    .context("the Spark compatibility tests failed")
+}
+
+/// Runs the ignored tests whose names contain `filter`, with `extra` test
+/// harness options and `env`; fails when one fails, and when the filter
+/// matched no test, which a renamed test would otherwise pass silently.
+/// `--workspace --tests`, as in `cargo_test`, keeps that run's build, where
+/// `--test integration` would resolve other features for the proc macros and
+/// build scylla and the integration binary a second time; the filter leaves
+/// the other binaries with nothing to run.
+fn ignored_tests(root: &Path, filter: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<()> {
+    use std::io::BufRead;
+    let mut args = vec!["test", "--workspace", "--tests", filter, "--", "--ignored"];
+    args.extend(extra);
+    let shown: String = env.iter().map(|(k, _)| format!("{k}=... ")).collect();
+    println!("$ {shown}cargo {}", args.join(" "));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut child = Command::new(cargo)
+        .args(&args)
+        .envs(env.iter().copied())
         .current_dir(root)
-        .env("SLUICE_SPARK_CLASSPATH", format!("{}/*", lib.display()))
-        .status()
-        .context("running cargo test")?;
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    let mut ran = 0u64;
+    let stdout = child.stdout.take().context("cargo test's output")?;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test's output")?;
+        println!("{line}");
+        ran += tests_run(&line);
+    }
+    let status = child.wait().context("waiting for cargo test")?;
     if !status.success() {
-        bail!("the Spark compatibility tests failed ({status})");
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    if ran == 0 {
+        bail!("no test matched `{filter}`: a test was renamed or lost its #[ignore]");
     }
     Ok(())
+}
+
+/// The tests a libtest summary line (`test result: ok. 5 passed; 1 failed;
+/// ...`) says ran: those passed and failed.
+fn tests_run(line: &str) -> u64 {
+    let Some(summary) = line.strip_prefix("test result: ") else {
+        return 0;
+    };
+    summary
+        .split([';', '.'])
+        .filter_map(|part| {
+            let (count, what) = part.trim().split_once(' ')?;
+            matches!(what, "passed" | "failed").then(|| count.parse::<u64>().ok())?
+        })
+        .sum()
 }
 
 fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {
@@ -368,25 +408,8 @@ fn cargo_test(root: &Path, extra: &[String]) -> Result<()> {
     if !extra.is_empty() {
         return all;
     }
-    // Tests that stop a server run alone, after everything else. `--workspace
-    // --tests` keeps the build of the run above, where `--test integration`
-    // would resolve other features for the proc macros and build scylla and the
-    // integration binary a second time: every package's tests, so every package's dev-dependencies, as in
-    // a plain `cargo test --workspace`. The filter leaves the other binaries
-    // with nothing to run.
-    let outage = cargo(
-        root,
-        &[
-            "test",
-            "--workspace",
-            "--tests",
-            "outage",
-            "--",
-            "--ignored",
-            "--test-threads",
-            "1",
-        ],
-    );
+    // Tests that stop a server run alone, after everything else.
+    let outage = ignored_tests(root, "outage", &["--test-threads", "1"], &[]);
     all.and(outage)
 }
 
@@ -425,4 +448,20 @@ fn workspace_root() -> PathBuf {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_run;
+
+    #[test]
+    fn a_summary_line_counts_the_tests_that_ran() {
+        let line = "test result: ok. 5 passed; 1 failed; 2 ignored; 0 measured; 96 filtered out; \
+                    finished in 80.01s";
+        assert_eq!(tests_run(line), 6);
+        let none = "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 31 filtered out; \
+                    finished in 0.00s";
+        assert_eq!(tests_run(none), 0);
+        assert_eq!(tests_run("test outage_x ... ok"), 0);
+    }
 }
