@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use sluice_tests::kafka::{create_topic, delete_topic};
 use sluice_tests::process::{Lcg, Running, run, stderr};
 
-use crate::exactly_once::{committed_positions, positions};
+use crate::exactly_once::{committed_positions, positions, produced_value};
 use crate::runner::{Job, crash_repeatedly, keep_producing};
 
 /// Points a job's config at `out_topic` through the at-least-once kafka sink.
@@ -49,7 +49,7 @@ async fn records_reach_kafka_while_their_epoch_is_open() {
     let produced = producer.await.unwrap();
     let want = positions(&job.topic, 2, produced);
     let started = Instant::now();
-    let got = committed_positions(&out_topic, want.len()).await;
+    let got = committed_positions(&out_topic, want.len(), produced_value).await;
     let offsets = job.checkpoint().join("offsets");
     let planned = std::fs::read_dir(&offsets).map_or(0, |d| d.count());
     assert_eq!(
@@ -91,7 +91,9 @@ async fn continuous_into_kafka_loses_nothing_through_sigkills() {
     let streaming = job.config_with("", "continuous = \"300ms\"");
     to_kafka_at_least_once(&streaming, &job, &out_topic);
     let mut random = Lcg::from_clock("continuous into kafka");
+    let before = sluice_tests::process::committed_batches(&job.progress_file());
     sluice_tests::process::kill_at_random_moments(&streaming, 12, (150, 700), &mut random).await;
+    sluice_tests::process::assert_committed_since(&job.progress_file(), before, "12 killed runs");
     stop.store(true, Ordering::Relaxed);
     let produced = producer.await.unwrap();
 
@@ -100,7 +102,7 @@ async fn continuous_into_kafka_loses_nothing_through_sigkills() {
     let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
     assert!(output.status.success(), "{}", stderr(&output));
     let want = positions(&job.topic, 4, produced);
-    let got = committed_positions(&out_topic, want.len()).await;
+    let got = committed_positions(&out_topic, want.len(), produced_value).await;
     let missing: Vec<&String> = want.iter().filter(|p| !got.contains_key(*p)).collect();
     assert!(
         missing.is_empty(),

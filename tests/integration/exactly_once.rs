@@ -30,10 +30,20 @@ pub(crate) fn to_kafka(config: &Path, job: &Job, out_topic: &str, extra: &str) {
     std::fs::write(config, text.replace(&jsonl, &kafka)).unwrap();
 }
 
+/// The value `keep_producing` writes at `offset` of `partition`.
+pub(crate) fn produced_value(partition: i32, offset: i64) -> String {
+    format!("p{partition}-{offset}")
+}
+
 /// Everything a `read_committed` consumer finds in `topic`, as a count per
 /// `sluice.position` header, read until `want` records came or nothing new
-/// came for a few seconds.
-pub(crate) async fn committed_positions(topic: &str, want: usize) -> BTreeMap<String, usize> {
+/// came for a few seconds; each record's value is checked against
+/// `value_at(partition, offset)`, what the producer wrote at its position.
+pub(crate) async fn committed_positions(
+    topic: &str,
+    want: usize,
+    value_at: fn(i32, i64) -> String,
+) -> BTreeMap<String, usize> {
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = sluice_tests::kafka::client_config()
@@ -64,6 +74,19 @@ pub(crate) async fn committed_positions(topic: &str, want: usize) -> BTreeMap<St
                 .and_then(|h| h.value)
                 .map(|v| String::from_utf8(v.to_vec()).unwrap())
                 .expect("a sluice.position header");
+            // The header is Sluice's own word; the payload must be what the
+            // producer wrote at that position.
+            let (partition, offset) = position
+                .rsplit_once('@')
+                .and_then(|(tp, offset)| Some((tp.rsplit_once('-')?.1, offset)))
+                .and_then(|(p, o)| Some((p.parse::<i32>().ok()?, o.parse::<i64>().ok()?)))
+                .unwrap_or_else(|| panic!("a position topic-partition@offset: {position}"));
+            let value = message.payload().map(String::from_utf8_lossy);
+            assert_eq!(
+                value.as_deref(),
+                Some(value_at(partition, offset).as_str()),
+                "the record at {position} carries another record's value"
+            );
             *counts.entry(position).or_default() += 1;
         }
         counts
@@ -116,7 +139,7 @@ async fn catch_up_and_check(
     let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
     assert!(output.status.success(), "{}", stderr(&output));
     let want = positions(&job.topic, partitions, produced);
-    let got = committed_positions(out_topic, want.len()).await;
+    let got = committed_positions(out_topic, want.len(), produced_value).await;
     assert_exactly_once(&got, &want);
     delete_topic(&job.topic).await;
     delete_topic(out_topic).await;
@@ -165,7 +188,9 @@ async fn kafka_to_kafka_through_sigkills(job: Job) {
     );
 
     let mut random = Lcg::from_clock("exactly-once kafka sink");
+    let before = sluice_tests::process::committed_batches(&job.progress_file());
     sluice_tests::process::kill_at_random_moments(&streaming, 20, (200, 900), &mut random).await;
+    sluice_tests::process::assert_committed_since(&job.progress_file(), before, "20 killed runs");
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 

@@ -12,7 +12,9 @@ use sluice_tests::kafka::{
     TIMEOUT, admin, create_topic, delete_topic, numbered, produce, producer,
 };
 
-use sluice_tests::process::{Lcg, Running, run, sluice, stderr};
+use sluice_tests::process::{
+    Lcg, Running, assert_committed_since, committed_batches, run, sluice, stderr,
+};
 
 pub(crate) struct Job {
     dir: tempfile::TempDir,
@@ -490,7 +492,9 @@ pub(crate) async fn crash_repeatedly(job: Job, trigger: &str) {
 
     let mut random = Lcg::from_clock("crash test");
     let streaming = job.config_with("", trigger);
+    let before = committed_batches(&job.progress_file());
     sluice_tests::process::kill_at_random_moments(&streaming, 12, (150, 700), &mut random).await;
+    assert_committed_since(&job.progress_file(), before, "12 killed runs");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let produced = producer_task.await.unwrap() as i64;
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use sluice_tests::kafka::{create_topic, delete_topic, numbered, produce, producer};
 use sluice_tests::process::{Lcg, Running, eventually, run, sluice, stderr, wait_until};
 
-use crate::exactly_once::{committed_positions, positions, to_kafka};
+use crate::exactly_once::{committed_positions, positions, produced_value, to_kafka};
 use crate::runner::{Job, keep_producing_at, keep_producing_from};
 use crate::status_page::{get, get_json};
 
@@ -245,12 +245,12 @@ async fn group_mode_into_kafka_is_exactly_once_through_kills_and_a_pause() {
     let produced = producer.await.unwrap();
     step(&format!("{produced} records per partition produced"));
     let want = positions(&topic, 6, produced);
-    let mut got = committed_positions(&out_topic, want.len()).await;
+    let mut got = committed_positions(&out_topic, want.len(), produced_value).await;
     for _ in 0..6 {
         if got.len() >= want.len() {
             break;
         }
-        got = committed_positions(&out_topic, want.len()).await;
+        got = committed_positions(&out_topic, want.len(), produced_value).await;
     }
     step("caught up; stopping the members");
     for member in &mut steady {
@@ -406,7 +406,7 @@ async fn a_member_that_died_after_its_kafka_transaction_is_settled_with_its_comm
     // transactional id, instead of producing the batch a second time.
     let (per_partition, second) = die_after_sink_then_settle(&job, &config).await;
     let want = positions(&topic, 4, per_partition);
-    let got = committed_positions(&out_topic, want.len()).await;
+    let got = committed_positions(&out_topic, want.len(), produced_value).await;
     assert!(
         !generation_groups(&out_topic).await.is_empty(),
         "the live generation's sink commits offsets to a group of its own"

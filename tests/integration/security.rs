@@ -182,7 +182,7 @@ async fn a_query_runs_through_sasl_ssl_and_a_password_protected_tls_cassandra_an
         "the config that names variables",
     );
 
-    let got = committed_positions(&out_topic, 900).await;
+    let got = committed_positions(&out_topic, 900, |_, offset| format!("v-{offset}")).await;
     assert_exactly_once(&got, &positions(&topic, 3, 300));
     delete_topic(&topic).await;
     delete_topic(&out_topic).await;

@@ -224,7 +224,10 @@ async fn a_json_topic_filtered_by_sql_reaches_jsonl_exactly_once_through_sigkill
     let stop = Arc::new(AtomicBool::new(false));
     let producer_task = keep_producing(topic.clone(), 3, stop.clone());
     let mut random = Lcg::from_clock("sql crash test");
+    let progress = job.path("progress.jsonl");
+    let before = sluice_tests::process::committed_batches(&progress);
     sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
+    sluice_tests::process::assert_committed_since(&progress, before, "10 killed runs");
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 

@@ -252,11 +252,81 @@ struct Expected {
 /// W(N+1) = max(W(N), latest event time of batch N - delay); an order older
 /// than its batch's watermark is late and dropped; a window is emitted when the
 /// last watermark has passed its end.
+/// Checks that the plans, read from Sluice's own files, are batches 0, 1, 2,
+/// ... whose ranges tile every partition from offset 0 to the last produced
+/// order, each starting where the batch before it ended: the oracle takes its
+/// batch boundaries from them, and a gap that an overlap made up for would
+/// otherwise go unseen.
+fn assert_plans_tile(
+    produced: &BTreeMap<i32, Vec<u64>>,
+    plans: &BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)>,
+) {
+    let ids: Vec<u64> = plans.keys().copied().collect();
+    assert_eq!(
+        ids,
+        (0..plans.len() as u64).collect::<Vec<_>>(),
+        "every batch's plan from 0 on"
+    );
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    for (batch, (start, end, _)) in plans {
+        for (tp, until) in end {
+            let from = start.get(tp).map_or(0, |o| o.value());
+            let after_previous = next.get(&tp.partition).copied().unwrap_or(0);
+            assert_eq!(
+                from, after_previous,
+                "batch {batch} starts {tp} at {from}, and the batch before ended it at \
+                 {after_previous}"
+            );
+            assert!(
+                until.value() >= from,
+                "batch {batch} ends {tp} before it starts"
+            );
+            next.insert(tp.partition, until.value());
+        }
+    }
+    for (partition, orders) in produced {
+        assert_eq!(
+            next.get(partition).copied().unwrap_or(0),
+            orders.len() as i64,
+            "the last plan ends partition {partition} at the last order produced"
+        );
+    }
+}
+
+#[test]
+#[should_panic(expected = "batch 1 starts")]
+fn the_plan_check_refuses_a_gap_that_an_overlap_makes_up_for() {
+    // Partition 0: batch 0 reads [0, 4), batch 1 [5, 10): offset 4 is never
+    // read. Partition 1: batch 0 reads [0, 6), batch 1 [5, 10): offset 5
+    // twice. Ten offsets each are read in all, as produced.
+    let offsets = |entries: &[(i32, i64)]| -> PartitionOffsets {
+        offsets_from_json(&format!(
+            "{{\"t\":{{{}}}}}",
+            entries
+                .iter()
+                .map(|(p, o)| format!("\"{p}\":{o}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ))
+        .unwrap()
+    };
+    let plans = BTreeMap::from([
+        (0, (PartitionOffsets::new(), offsets(&[(0, 4), (1, 6)]), 0)),
+        (
+            1,
+            (offsets(&[(0, 5), (1, 5)]), offsets(&[(0, 10), (1, 10)]), 0),
+        ),
+    ]);
+    let produced = BTreeMap::from([(0, vec![0; 10]), (1, vec![0; 10])]);
+    assert_plans_tile(&produced, &plans);
+}
+
 fn oracle(
     produced: &BTreeMap<i32, Vec<u64>>,
     topic: &str,
     plans: &BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)>,
 ) -> Expected {
+    assert_plans_tile(produced, plans);
     let mut watermark = 0_i64;
     let mut groups: BTreeMap<(i64, String), (i64, i64)> = BTreeMap::new();
     let mut late_per_batch = BTreeMap::new();
@@ -338,7 +408,10 @@ async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32) {
     let producer_task = keep_producing(topic.clone(), 3, stop.clone());
     let mut random = Lcg::from_clock("stateful crash test");
     let kills = 20;
+    let progress = job.path("progress.jsonl");
+    let before = sluice_tests::process::committed_batches(&progress);
     sluice_tests::process::kill_at_random_moments(&streaming, kills, (300, 900), &mut random).await;
+    sluice_tests::process::assert_committed_since(&progress, before, "20 killed runs");
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 

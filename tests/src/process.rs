@@ -221,3 +221,28 @@ pub async fn kill_at_random_moments(
         child.wait().expect("reaping sluice run");
     }
 }
+
+/// How many batches that read records the progress file `progress` reports:
+/// each was committed before its report. A line a SIGKILL cut short is not
+/// one.
+pub fn committed_batches(progress: &Path) -> usize {
+    std::fs::read_to_string(progress)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|report| report["numInputRows"].as_u64().is_some_and(|n| n > 0))
+        .count()
+}
+
+/// Asserts that the runs since `before` (what [`committed_batches`] said
+/// then) committed batches of records: a crash test whose killed runs did
+/// nothing would otherwise pass on its final catch-up alone.
+pub fn assert_committed_since(progress: &Path, before: usize, runs: &str) {
+    let now = committed_batches(progress);
+    assert!(
+        now > before,
+        "the {runs} committed no batch of records ({before} reported before them, {now} after): \
+         the final catch-up alone would have made the output"
+    );
+    println!("the {runs} committed {} batches of records", now - before);
+}
