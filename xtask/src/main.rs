@@ -100,23 +100,7 @@ fn run(args: &[String]) -> Result<()> {
         "kill" => devenv::kill(&root, &devenv::Kind::parse_list(rest, devenv::ALL)?),
         "status" => devenv::status(&root),
         "test" => with_dev_env(&root, devenv::ALL, || cargo_test(&root, rest)),
-        "ci" => with_dev_env(&root, devenv::ALL, || {
-            cargo(&root, &["fmt", "--all", "--check"])?;
-            cargo(
-                &root,
-                &[
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ],
-            )?;
-            cargo_doc(&root)?;
-            cargo_test(&root, rest)?;
-            spark_compat(&root)
-        }),
+        "ci" => ci(&root, rest),
         "spark-compat" => spark_compat(&root),
         "fuzz" => fuzz::run(&root, &fuzz::FuzzArgs::parse(rest)?),
         "demo" => demo(&root, rest),
@@ -324,9 +308,62 @@ fn jsonl_totals(dir: &Path) -> Result<(usize, usize)> {
     Ok((files, rows))
 }
 
-/// Runs the ignored tests of `tests/integration/spark_checkpoint.rs` with Spark's
-/// jars on the classpath. They need no server, only Java and Maven.
-fn spark_compat(root: &Path) -> Result<()> {
+/// `cargo xtask ci`: the checks that need no server (format, clippy, docs)
+/// run while the servers start and Spark's jars download, as those wait on
+/// the JVMs and the network; then the tests and the Spark compatibility
+/// tests. The servers this call started are stopped whatever happened.
+fn ci(root: &Path, extra: &[String]) -> Result<()> {
+    let starting = {
+        let root = root.to_owned();
+        std::thread::spawn(move || -> Result<Vec<devenv::Kind>> {
+            let started = devenv::up(&root, devenv::ALL)?;
+            if let Err(e) = spark_jars(&root) {
+                // The servers are up; spark-compat fetches again and fails there.
+                eprintln!("xtask: fetching Spark's jars failed: {e:#}");
+            }
+            Ok(started)
+        })
+    };
+    let checks = static_checks(root);
+    let started = starting
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("starting the servers panicked")));
+    let started = match (checks, started) {
+        (Ok(()), Ok(started)) => started,
+        (Err(e), Ok(started)) => {
+            let _ = devenv::down(root, &started);
+            return Err(e);
+        }
+        (_, Err(e)) => return Err(e),
+    };
+    let result = cargo_test(root, extra).and_then(|()| spark_compat(root));
+    let stopped = devenv::down(root, &started);
+    match (result, stopped) {
+        (Err(e), Err(down)) => Err(e.context(format!("and stopping the servers failed: {down:#}"))),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(())) => Ok(()),
+    }
+}
+
+/// `cargo fmt --check`, clippy with every warning an error, and the docs.
+fn static_checks(root: &Path) -> Result<()> {
+    cargo(root, &["fmt", "--all", "--check"])?;
+    cargo(
+        root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    cargo_doc(root)
+}
+
+/// Fetches Spark's jars (once) into `target/spark-compat/lib`.
+fn spark_jars(root: &Path) -> Result<PathBuf> {
     tools::check()?;
     let dir = root.join("target").join("spark-compat");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -337,6 +374,13 @@ fn spark_compat(root: &Path) -> Result<()> {
         &lib,
         &dir.join("maven.log"),
     )?;
+    Ok(lib)
+}
+
+/// Runs the ignored tests of `tests/integration/spark_checkpoint.rs` with Spark's
+/// jars on the classpath. They need no server, only Java and Maven.
+fn spark_compat(root: &Path) -> Result<()> {
+    let lib = spark_jars(root)?;
     let classpath = format!("{}/*", lib.display());
     ignored_tests(
         root,
