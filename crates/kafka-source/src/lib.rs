@@ -119,7 +119,7 @@ impl ConsumerContext for SourceContext {}
 /// consumer of its own that reads batches and reads ahead between them.
 pub struct KafkaSource {
     client: Arc<Client>,
-    reader: reader::Reader,
+    reader: reader::ReadingThread,
 }
 
 impl KafkaSource {
@@ -183,7 +183,7 @@ impl KafkaSource {
             pattern,
             names: Default::default(),
         });
-        let reader = reader::Reader::start(client.clone())?;
+        let reader = reader::ReadingThread::start(client.clone())?;
         Ok(KafkaSource { client, reader })
     }
 

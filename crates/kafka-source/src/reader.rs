@@ -136,7 +136,7 @@ struct PartQueue {
 type Key = (Arc<str>, i32);
 
 /// The reading thread, seen from the source. Dropping it stops the thread.
-pub(crate) struct Reader {
+pub(crate) struct ReadingThread {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -159,9 +159,9 @@ pub(crate) struct Shared {
     pub(crate) fetched: Arc<AtomicU64>,
 }
 
-impl Reader {
+impl ReadingThread {
     /// Starts the reading thread; it creates its consumer at the first read.
-    pub(crate) fn start(client: Arc<Client>) -> Result<Reader, KafkaSourceError> {
+    pub(crate) fn start(client: Arc<Client>) -> Result<ReadingThread, KafkaSourceError> {
         let shared = Arc::new(Shared {
             signal: Signal::default(),
             request: Mutex::new(None),
@@ -176,7 +176,7 @@ impl Reader {
             .name("sluice-reader".to_owned())
             .spawn(move || run(client, thread_shared))
             .map_err(|e| KafkaSourceError::Task(format!("starting the reading thread: {e}")))?;
-        Ok(Reader {
+        Ok(ReadingThread {
             shared,
             thread: Some(thread),
         })
@@ -195,7 +195,7 @@ impl Reader {
     }
 }
 
-impl Drop for Reader {
+impl Drop for ReadingThread {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.signal.notify();
@@ -238,7 +238,7 @@ impl Signal {
 }
 
 fn run(client: Arc<Client>, shared: Arc<Shared>) {
-    let mut reading = Reading::new(client, shared.clone());
+    let mut reading = ReaderState::new(client, shared.clone());
     while !shared.stop.load(Ordering::Relaxed) {
         shared.signal.reset();
         let request = lock(&shared.request).take();
@@ -514,8 +514,9 @@ impl Part {
     }
 }
 
-/// The state of the reading thread.
-struct Reading {
+/// The state the reading thread owns: the consumer, every assigned
+/// partition's queue and buffer, and the batch read in progress.
+struct ReaderState {
     client: Arc<Client>,
     shared: Arc<Shared>,
     consumer: Option<Arc<BaseConsumer<SourceContext>>>,
@@ -532,7 +533,7 @@ struct Reading {
     poking: bool,
     /// A partition resumed since the last poke was sent: one more is due.
     poke: Option<Key>,
-    read: Option<Read>,
+    read: Option<BatchRead>,
     /// When positions and the timeout were last looked at.
     last_idle_check: Instant,
     /// What a fetch asks of each partition (`max.partition.fetch.bytes`), set
@@ -562,9 +563,9 @@ struct Stats {
     waits: u64,
 }
 
-impl Reading {
-    fn new(client: Arc<Client>, shared: Arc<Shared>) -> Reading {
-        Reading {
+impl ReaderState {
+    fn new(client: Arc<Client>, shared: Arc<Shared>) -> ReaderState {
+        ReaderState {
             client,
             shared,
             consumer: None,
@@ -624,7 +625,7 @@ impl Reading {
                 return;
             }
         }
-        let mut read = Read {
+        let mut read = BatchRead {
             events,
             ranges: Vec::with_capacity(ranges.len()),
             remaining: 0,
@@ -912,7 +913,7 @@ impl Reading {
         let Some(read) = &mut self.read else {
             return false;
         };
-        let Read {
+        let BatchRead {
             ranges,
             remaining,
             out,
@@ -956,7 +957,7 @@ impl Reading {
         let mut polled = false;
         let mut now = None;
         let mut restart = Vec::new();
-        let Reading {
+        let ReaderState {
             parts,
             queues,
             read,
@@ -1365,7 +1366,7 @@ impl Reading {
                 let Ok(Event::Done(losses)) = done else {
                     return false;
                 };
-                self.read = Some(Read { losses, ..read });
+                self.read = Some(BatchRead { losses, ..read });
                 return false;
             }
         }
@@ -1386,8 +1387,8 @@ struct Range {
     done: bool,
 }
 
-/// The read in progress.
-struct Read {
+/// The read of one batch's ranges, in progress.
+struct BatchRead {
     events: Events,
     ranges: Vec<Range>,
     remaining: usize,
@@ -1457,7 +1458,7 @@ fn continues(parts: &[Part], ranges: &[OffsetRange]) -> bool {
 
 /// Hands the read's full chunk over if the channel has room, and forgets a read
 /// nobody reads any more. Returns whether it did either.
-fn hand_over(slot: &mut Option<Read>) -> bool {
+fn hand_over(slot: &mut Option<BatchRead>) -> bool {
     let Some(read) = slot else {
         return false;
     };
@@ -1487,7 +1488,7 @@ fn hand_over(slot: &mut Option<Read>) -> bool {
 /// holds its `share`.
 fn take<M: Message>(
     part: &mut Part,
-    read: Option<&mut Read>,
+    read: Option<&mut BatchRead>,
     message: &M,
     include_headers: bool,
     share: usize,
@@ -1497,7 +1498,7 @@ fn take<M: Message>(
         return;
     }
     if let (Some(read), Some(r)) = (read, part.range) {
-        let Read {
+        let BatchRead {
             ranges,
             remaining,
             out,
