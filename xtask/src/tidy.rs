@@ -583,7 +583,6 @@ const OVER_THE_LIMITS: &[(&str, &str, usize)] = &[
     ("crates/executor/src/query.rs", "", 1567),
     ("crates/executor/src/query.rs", "run_batches", 227),
     ("crates/kafka-source/src/reader.rs", "", 1652),
-    ("crates/runner/src/main.rs", "run_query", 155),
     ("crates/runner/src/offsets_cmd.rs", "run", 203),
 ];
 

@@ -514,8 +514,7 @@ impl Part {
     }
 }
 
-/// The state the reading thread owns: the consumer, every assigned
-/// partition's queue and buffer, and the batch read in progress.
+/// What the reading thread owns: its consumer, partitions, queues and read.
 struct ReaderState {
     client: Arc<Client>,
     shared: Arc<Shared>,

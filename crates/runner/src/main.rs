@@ -477,6 +477,40 @@ fn console_format(json: bool) -> ConsoleFormat {
     }
 }
 
+/// A generation's part of the progress report: the member, the generation
+/// and the partitions it holds, which its settings assign exactly.
+fn group_progress(
+    settings: &Settings,
+    generation: &sluice_offsets::Generation,
+) -> sluice_executor::GroupProgress {
+    let held: Vec<sluice_offsets::TopicPartition> = match &settings.kafka.selection {
+        sluice_kafka_source::TopicSelection::Assign(topics) => topics
+            .iter()
+            .flat_map(|(topic, partitions)| {
+                partitions
+                    .iter()
+                    .map(|p| sluice_offsets::TopicPartition::new(topic.as_str(), *p))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    sluice_executor::GroupProgress::new(generation.member(), generation.as_str(), &held)
+}
+
+/// `[progress] file`, opened to append one report a line.
+fn progress_file(settings: &Settings) -> Result<Option<std::fs::File>, Exit> {
+    let Some(path) = &settings.progress.file else {
+        return Ok(None);
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening the progress file {}", path.display()))
+        .map(Some)
+        .map_err(Exit::config)
+}
+
 async fn run_query<St, P, K, D>(
     parts: Parts,
     store: St,
@@ -503,21 +537,7 @@ where
         recovery_only,
         shared_status,
     } = parts;
-    let group = generation.map(|generation| {
-        // A generation's settings assign exactly the partitions it holds.
-        let held: Vec<sluice_offsets::TopicPartition> = match &settings.kafka.selection {
-            sluice_kafka_source::TopicSelection::Assign(topics) => topics
-                .iter()
-                .flat_map(|(topic, partitions)| {
-                    partitions
-                        .iter()
-                        .map(|p| sluice_offsets::TopicPartition::new(topic.as_str(), *p))
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        sluice_executor::GroupProgress::new(generation.member(), generation.as_str(), &held)
-    });
+    let group = generation.map(|generation| group_progress(&settings, &generation));
     let options = QueryOptions {
         name: settings.name.clone(),
         trigger: settings.trigger,
@@ -533,17 +553,7 @@ where
         on_bad_record: settings.processing.on_bad_record,
         group: group.clone(),
     };
-    let mut progress_file = match &settings.progress.file {
-        Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening the progress file {}", path.display()))
-                .map_err(Exit::config)?,
-        ),
-        None => None,
-    };
+    let mut progress_file = progress_file(&settings)?;
     let metrics_addr = match &settings.progress.metrics_addr {
         Some(addr) => Some(config::metrics_listen(addr).map_err(Exit::config)?),
         None => None,
