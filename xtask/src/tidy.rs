@@ -94,18 +94,11 @@ fn offsets_source_does_no_io() {
         "tokio",
         "std::thread::sleep",
     ];
-    let found = named_paths(&root().join("crates/offsets/src"), &io, true);
-    assert!(
-        found.is_empty(),
-        "{}",
-        found
-            .iter()
-            .map(|(file, path)| format!(
-                "{} uses {path}, but sluice-offsets does no I/O",
-                file.display()
-            ))
-            .collect::<Vec<_>>()
-            .join("\n")
+    assert_names_none(
+        &root().join("crates/offsets/src"),
+        &io,
+        true,
+        "but sluice-offsets does no I/O",
     );
 }
 
@@ -160,18 +153,11 @@ fn state_computes_does_no_io_and_depends_on_none_of_our_crates() {
         );
     }
     let io = ["std::fs", "std::net", "std::process", "tokio"];
-    let found = named_paths(&root().join("crates/state/src"), &io, false);
-    assert!(
-        found.is_empty(),
-        "{}",
-        found
-            .iter()
-            .map(|(file, path)| format!(
-                "{} uses {path}, but sluice-state does no I/O",
-                file.display()
-            ))
-            .collect::<Vec<_>>()
-            .join("\n")
+    assert_names_none(
+        &root().join("crates/state/src"),
+        &io,
+        false,
+        "but sluice-state does no I/O",
     );
 }
 
@@ -190,18 +176,11 @@ fn the_sql_engine_computes_and_does_no_io() {
     }
     // Tests may name tokio for their runtime.
     let io = ["std::fs", "std::net", "std::process", "tokio"];
-    let found = named_paths(&root().join("crates/sql/src"), &io, false);
-    assert!(
-        found.is_empty(),
-        "{}",
-        found
-            .iter()
-            .map(|(file, path)| format!(
-                "{} uses {path}, but sluice-sql does no I/O",
-                file.display()
-            ))
-            .collect::<Vec<_>>()
-            .join("\n")
+    assert_names_none(
+        &root().join("crates/sql/src"),
+        &io,
+        false,
+        "but sluice-sql does no I/O",
     );
     // DataFusion's own readers of files, called as methods.
     let readers = [
@@ -240,18 +219,11 @@ fn the_status_page_knows_nothing_of_the_stream() {
         );
     }
     // The page is embedded: no file is read when it is served.
-    let found = named_paths(&root().join("crates/status/src"), &["std::fs"], true);
-    assert!(
-        found.is_empty(),
-        "{}",
-        found
-            .iter()
-            .map(|(file, path)| format!(
-                "{} uses {path}, but the status page's assets are in the binary",
-                file.display()
-            ))
-            .collect::<Vec<_>>()
-            .join("\n")
+    assert_names_none(
+        &root().join("crates/status/src"),
+        &["std::fs"],
+        true,
+        "but the status page's assets are in the binary",
     );
 }
 
@@ -683,6 +655,21 @@ fn named_paths(dir: &Path, prefixes: &[&str], with_tests: bool) -> Vec<(PathBuf,
         }
     }
     found
+}
+
+/// Fails, naming each file and path, when a file under `dir` names a path
+/// under one of `prefixes` (see [`named_paths`]); `why` ends the message.
+fn assert_names_none(dir: &Path, prefixes: &[&str], with_tests: bool, why: &str) {
+    let found = named_paths(dir, prefixes, with_tests);
+    assert!(
+        found.is_empty(),
+        "{}",
+        found
+            .iter()
+            .map(|(file, path)| format!("{} uses {path}, {why}", file.display()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
