@@ -10,12 +10,12 @@ use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_offsets::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Offset, OffsetStore, PartitionOffsets,
-    Recovery, StateFile, StateFileId, StateFileKind, TopicPartition, purge_threshold,
+    Recovery, StateFile, StateFileId, StateFileKind, StateStore, TopicPartition, purge_threshold,
 };
 
 /// Opens stores of one query, as successive runners would.
 trait Harness {
-    type Store: OffsetStore;
+    type Store: OffsetStore + StateStore;
 
     /// A new runner's store for the query.
     fn open(&self) -> impl Future<Output = Result<Self::Store, String>>;

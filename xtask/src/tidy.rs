@@ -140,12 +140,13 @@ fn implementations_depend_only_on_the_model_among_our_crates() {
 }
 
 #[test]
-fn state_computes_does_no_io_and_depends_on_none_of_our_crates() {
+fn state_computes_does_no_io_and_depends_on_the_core_only() {
     for dep in dependencies(&manifest_of("sluice-state")) {
         assert!(
-            !dep.starts_with("sluice-"),
-            "sluice-state keeps DataFusion's states and knows nothing of the stream, so it must \
-             not depend on {dep}"
+            !dep.starts_with("sluice-") || dep == "sluice-offsets",
+            "sluice-state keeps operators' state and implements the core's `StatefulOperator`; \
+             it knows nothing of SQL, the stream's edges or the executor, so it must not depend \
+             on {dep}"
         );
         assert!(
             !["tokio", "rdkafka", "scylla", "object_store", "futures"].contains(&dep.as_str()),
@@ -551,7 +552,6 @@ const MAX_FILE_LINES: usize = 1200;
 /// then (a file has no function name): each may shrink but not grow, and
 /// leaves this list once it is within the limit. Nothing else may pass it.
 const OVER_THE_LIMITS: &[(&str, &str, usize)] = &[
-    ("crates/cassandra-store/src/store.rs", "", 1312),
     ("crates/executor/src/query.rs", "", 1567),
     ("crates/executor/src/query.rs", "run_batches", 227),
     ("crates/kafka-source/src/reader.rs", "", 1652),

@@ -8,16 +8,16 @@ use sluice_offsets::{
     BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss,
     DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetRange, OffsetStore,
     PartitionOffsets, PassThrough, Processed, Processor, RecordChunk, Recovery, Sink, Source,
-    StartingOffsets, StateFileId, StateFileKind, StateGap, TopicPartition, apply_data_loss_policy,
-    classify_batch, purge_due, rate_limit, should_run_batch, snapshot_due, state_files_for,
-    state_files_to_purge_in,
+    StartingOffsets, StateStore, TopicPartition, apply_data_loss_policy, classify_batch,
+    next_watermark_ms, purge_due, rate_limit, should_run_batch, snapshot_due,
+    wants_batch_without_data,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::progress::{
-    DurationMs, GroupProgress, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
-    event_time_entry, offsets_value, source_metrics,
+    DurationMs, GroupProgress, QueryProgress, SinkProgress, SourceProgress, event_time_entry,
+    offsets_value, source_metrics,
 };
 use crate::retry::{Attempt, GaveUp, Next, Part, Reached, Tries};
 use crate::sinks::DiscardSink;
@@ -68,8 +68,11 @@ macro_rules! retrying {
     }};
 }
 
-// After the macro, which it uses.
+// After the macro, which they use.
+mod checkpoint;
 mod continuous;
+
+use checkpoint::StateWritten;
 
 /// How long a batch's early read may wait for its plan to be written before
 /// it is started afresh; well under the sources' poll timeouts.
@@ -218,19 +221,6 @@ struct Streamed {
     losses: Vec<DataLoss>,
 }
 
-/// What writing a batch's state took.
-#[derive(Default)]
-struct StateWritten {
-    /// Encoding its deltas.
-    encode_micros: u64,
-    /// Writing them durably.
-    micros: u64,
-    bytes: u64,
-    /// Encoding and writing the snapshots after the commit, when due.
-    snapshot_micros: u64,
-    snapshot_bytes: u64,
-}
-
 /// A batch whose output the sink has and whose state is written, with the
 /// commit still to write.
 struct EndedBatch {
@@ -260,7 +250,12 @@ struct Planned {
     timestamp: SystemTime,
 }
 
-impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
+impl<Src, Store, Snk> Query<Src, Store, Snk>
+where
+    Src: Source,
+    Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
+    Snk: Sink,
+{
     /// A query with the id its offset store holds, handing the records to the
     /// sink as read.
     pub fn new(
@@ -285,7 +280,7 @@ impl<Src: Source, Store: OffsetStore, Snk: Sink> Query<Src, Store, Snk> {
 impl<Src, Store, Snk, Proc, Dead> Query<Src, Store, Snk, Proc, Dead>
 where
     Src: Source,
-    Store: OffsetStore,
+    Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
     Proc: Processor,
     Snk: Sink<Proc::Output>,
     Dead: Sink,
@@ -394,7 +389,7 @@ where
             Part::Store,
             "loading the offset store",
             self.store.load(),
-            Store::is_transient,
+            <Store as OffsetStore>::is_transient,
             ExecutorError::Store
         )?;
         let recovery = stored
@@ -426,7 +421,7 @@ where
             Recovery::StartFresh => (BatchId::FIRST, stored.initial_offsets.clone()),
             Recovery::RunNext { next, .. } => {
                 if let Some(commit) = &stored.latest_commit {
-                    self.processor.restore_watermark(commit.next_watermark_ms);
+                    self.restore_watermark(commit.next_watermark_ms);
                 }
                 let end = stored.latest_plan.as_ref().map(BatchPlan::end_offsets);
                 (next, end)
@@ -542,7 +537,7 @@ where
             // A watermark that moved without new data still closes state: a batch
             // without data emits it, as Spark's no-data batches do.
             let without_data =
-                available == 0 && self.processor.wants_batch_without_data(last_watermark);
+                available == 0 && wants_batch_without_data(&mut self.processor, last_watermark);
             if !without_data
                 && (available == 0
                     || !should_run_batch(
@@ -571,7 +566,7 @@ where
             }
 
             let metadata = BatchMetadata {
-                watermark_ms: self.processor.watermark_ms(),
+                watermark_ms: next_watermark_ms(&mut self.processor),
                 timestamp_ms: epoch_ms(timestamp),
                 conf: Default::default(),
             };
@@ -648,7 +643,7 @@ where
                     "writing the commit and the next plan",
                     self.store
                         .write_commit_and_plan(&previous.commit, &planned.plan),
-                    Store::is_transient,
+                    <Store as OffsetStore>::is_transient,
                     ExecutorError::Store
                 )?;
             } else if !planned.replay {
@@ -657,7 +652,7 @@ where
                     Part::Store,
                     "writing the plan",
                     self.store.write_plan(&planned.plan),
-                    Store::is_transient,
+                    <Store as OffsetStore>::is_transient,
                     ExecutorError::Store
                 )?;
             }
@@ -687,7 +682,7 @@ where
                     Snk::is_transient,
                     ExecutorError::Sink
                 )?;
-            let streamed = if delivered && self.processor.state_operators() == 0 {
+            let streamed = if delivered && !self.is_stateful() {
                 tracing::info!(
                     batch = batch.0,
                     "the sink already has this batch; writing its commit only"
@@ -741,13 +736,9 @@ where
         planned.losses.append(&mut streamed.losses);
         let started = Instant::now();
         let state = self.write_state(batch).await?;
-        self.processor
-            .commit_state(batch)
-            .await
-            .map_err(ExecutorError::Process)?;
         let commit = BatchCommit {
             id: batch,
-            next_watermark_ms: self.processor.watermark_ms(),
+            next_watermark_ms: next_watermark_ms(&mut self.processor),
         };
         Ok(EndedBatch {
             planned,
@@ -785,7 +776,7 @@ where
             Part::Store,
             "writing the commit",
             self.store.write_commit(&ended.commit),
-            Store::is_transient,
+            <Store as OffsetStore>::is_transient,
             ExecutorError::Store
         )?;
         self.after_commit(ended, summary, on_progress).await?;
@@ -825,7 +816,7 @@ where
         } = ended;
         let batch = commit.id;
         let rows = streamed.rows;
-        if self.processor.state_operators() > 0 && snapshot_due(batch) {
+        if snapshot_due(batch) && self.is_stateful() {
             self.write_snapshots(batch, &mut state).await;
         }
         let end = planned.plan.end_offsets();
@@ -839,7 +830,7 @@ where
                 Part::Store,
                 "purging old batches",
                 self.store.purge(keep_from),
-                Store::is_transient,
+                <Store as OffsetStore>::is_transient,
                 ExecutorError::Store
             )?;
             self.purge_state(keep_from).await?;
@@ -854,28 +845,7 @@ where
             &end,
             &(streamed.output_rows, streamed.bad_records),
         );
-        progress.state_operators = self
-            .processor
-            .state_progress()
-            .into_iter()
-            .map(|s| StateOperatorProgress {
-                operator_name: s.name,
-                num_rows_total: s.rows_total,
-                num_rows_updated: s.rows_updated,
-                num_rows_removed: s.rows_removed,
-                num_rows_dropped_by_watermark: s.rows_dropped_by_watermark,
-                memory_used_bytes: s.memory_used_bytes,
-                commit_time_ms: state.micros / 1000,
-                num_state_store_instances: 1,
-                custom_metrics: BTreeMap::from([
-                    ("stateFileBytes".to_owned(), state.bytes),
-                    ("commitTimeMicros".to_owned(), state.micros),
-                    ("encodeTimeMicros".to_owned(), state.encode_micros),
-                    ("snapshotTimeMicros".to_owned(), state.snapshot_micros),
-                    ("snapshotFileBytes".to_owned(), state.snapshot_bytes),
-                ]),
-            })
-            .collect();
+        progress.state_operators = self.state_progress(&state);
         // The caller logs the report in the form its logs take.
         on_progress(&progress);
         summary.batches += 1;
@@ -887,179 +857,6 @@ where
             .map(DataLoss::lost_offsets)
             .sum::<u64>();
         summary.last_committed = Some(batch);
-        Ok(())
-    }
-
-    /// Rebuilds each stateful operator's state at `version` from the store: in
-    /// each partition its newest snapshot up to the version and the deltas after
-    /// it.
-    async fn restore_state(
-        &mut self,
-        version: Option<BatchId>,
-    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        let operators = self.processor.state_operators();
-        if operators == 0 {
-            return Ok(());
-        }
-        let mut files = Vec::new();
-        if let Some(version) = version {
-            for operator in 0..operators {
-                let stored = self.stored_state(operator).await?;
-                let partitions = self.processor.state_partitions();
-                let wanted =
-                    state_files_for(&stored, partitions, version).map_err(|gap| match gap {
-                        StateGap::Missing {
-                            partition,
-                            version: missing,
-                        } => ExecutorError::StateMissing {
-                            operator,
-                            version: version.0,
-                            location: self.store.describe_state(
-                                operator,
-                                StateFileId {
-                                    partition,
-                                    version: missing,
-                                    kind: StateFileKind::Delta,
-                                },
-                            ),
-                            hint: if stored.is_empty() {
-                                "; batches that ran while the query was stateless have no \
-                                 state: give the stateful query a new checkpoint, or start it \
-                                 afresh with `sluice offsets set --reset-state`"
-                                    .to_owned()
-                            } else {
-                                String::new()
-                            },
-                        },
-                        StateGap::Partitions { stored } => ExecutorError::StatePartitions {
-                            operator,
-                            version: version.0,
-                            stored,
-                            configured: partitions,
-                        },
-                    })?;
-                for id in wanted {
-                    files.push(retrying!(
-                        self,
-                        Part::Store,
-                        "reading state",
-                        self.store.read_state(operator, id),
-                        Store::is_transient,
-                        ExecutorError::Store
-                    )?);
-                }
-            }
-            tracing::info!(
-                version = version.0,
-                files = files.len(),
-                "restored the state of the last committed batch"
-            );
-        }
-        self.processor
-            .restore_state(version, files)
-            .map_err(ExecutorError::Process)
-    }
-
-    /// `operator`'s state files in the store.
-    async fn stored_state(
-        &mut self,
-        operator: u32,
-    ) -> Result<Vec<StateFileId>, QueryError<Src, Store, Proc, Snk, Dead>> {
-        retrying!(
-            self,
-            Part::Store,
-            "listing state",
-            self.store.list_state(operator),
-            Store::is_transient,
-            ExecutorError::Store
-        )
-    }
-
-    /// Makes the finished batch's state durable.
-    async fn write_state(
-        &mut self,
-        batch: BatchId,
-    ) -> Result<StateWritten, QueryError<Src, Store, Proc, Snk, Dead>> {
-        let t = Instant::now();
-        let files = self
-            .processor
-            .state_files(batch)
-            .map_err(ExecutorError::Process)?;
-        let encode_micros = micros(t.elapsed());
-        let t = Instant::now();
-        let mut bytes = 0;
-        for file in &files {
-            retrying!(
-                self,
-                Part::Store,
-                "writing state",
-                self.store.write_state(file),
-                Store::is_transient,
-                ExecutorError::Store
-            )?;
-            bytes += file.bytes.len() as u64;
-        }
-        Ok(StateWritten {
-            encode_micros,
-            micros: micros(t.elapsed()),
-            bytes,
-            ..StateWritten::default()
-        })
-    }
-
-    /// Writes snapshots of the committed `batch`'s state. The deltas hold the
-    /// same, so a snapshot that cannot be written is a warning: the next restart
-    /// reads more deltas, and the next due snapshot tries again.
-    async fn write_snapshots(&mut self, batch: BatchId, written: &mut StateWritten) {
-        let t = Instant::now();
-        let files = match self.processor.state_snapshots(batch) {
-            Ok(files) => files,
-            Err(e) => {
-                tracing::warn!(batch = batch.0, error = %e, "encoding a state snapshot failed");
-                return;
-            }
-        };
-        for file in &files {
-            let stored: Result<(), QueryError<Src, Store, Proc, Snk, Dead>> = retrying!(
-                self,
-                Part::Store,
-                "writing a state snapshot",
-                self.store.write_state(file),
-                Store::is_transient,
-                ExecutorError::Store
-            );
-            match stored {
-                Ok(()) => written.snapshot_bytes += file.bytes.len() as u64,
-                Err(e) => tracing::warn!(
-                    batch = batch.0,
-                    operator = file.operator,
-                    error = %e,
-                    "writing a state snapshot failed; a restart reads the deltas instead"
-                ),
-            }
-        }
-        written.snapshot_micros = micros(t.elapsed());
-    }
-
-    /// Removes the state files no retained batch can start from.
-    async fn purge_state(
-        &mut self,
-        keep_from: BatchId,
-    ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        for operator in 0..self.processor.state_operators() {
-            let stored = self.stored_state(operator).await?;
-            let old = state_files_to_purge_in(&stored, keep_from);
-            if !old.is_empty() {
-                retrying!(
-                    self,
-                    Part::Store,
-                    "purging old state",
-                    self.store.remove_state(operator, &old),
-                    Store::is_transient,
-                    ExecutorError::Store
-                )?;
-            }
-        }
         Ok(())
     }
 
@@ -1084,7 +881,7 @@ where
             Part::Store,
             "confirming that this runner holds the query",
             self.store.check_claim(),
-            Store::is_transient,
+            <Store as OffsetStore>::is_transient,
             ExecutorError::Store
         )
     }
@@ -1384,7 +1181,10 @@ where
             processed_rows_per_second: processed_rate,
             duration_ms: planned.durations.to_millis(),
             duration_micros: planned.durations.clone(),
-            event_time: self.processor.event_time().as_ref().map(event_time_entry),
+            event_time: self
+                .processor
+                .event_time()
+                .map(|clock| event_time_entry(&clock.stats())),
             state_operators: Vec::new(),
             sources: vec![SourceProgress {
                 description: self.options.source_description.clone(),

@@ -9,9 +9,10 @@ use sluice_executor::{
     ExecutorError, GaveUp, Query, QueryOptions, QueryProgress, Retried, RetryPolicy, Trigger,
 };
 use sluice_offsets::{
-    BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, Log, Offset, OffsetBounds, OffsetRange,
-    OffsetStore, PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets, StateFile,
-    StateFileId, StateFileKind, StoredBatches, TimestampType, TopicPartition,
+    BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, EventTime, Log, Offset, OffsetBounds,
+    OffsetRange, OffsetStore, PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets,
+    StateFile, StateFileId, StateFileKind, StateStore, StatefulOperator, StoredBatches,
+    TimestampType, TopicPartition,
 };
 use tokio::sync::watch;
 
@@ -312,6 +313,14 @@ impl OffsetStore for MemStore {
         Ok(())
     }
 
+    fn describe(&self, log: Log, batch: BatchId) -> String {
+        format!("{log} {batch}")
+    }
+}
+
+impl StateStore for MemStore {
+    type Error = TestError;
+
     async fn write_state(&mut self, file: &StateFile) -> Result<(), TestError> {
         if file.kind == StateFileKind::Snapshot
             && self
@@ -383,10 +392,6 @@ impl OffsetStore for MemStore {
             "state {operator} {} {} {:?}",
             file.partition, file.version, file.kind
         )
-    }
-
-    fn describe(&self, log: Log, batch: BatchId) -> String {
-        format!("{log} {batch}")
     }
 }
 
@@ -1443,8 +1448,32 @@ impl sluice_offsets::Processor for PickyProcessor {
         Ok(())
     }
 
-    fn watermark_ms(&self) -> i64 {
+    async fn finish_batch(
+        &mut self,
+        _batch: BatchId,
+        _out: &mut sluice_offsets::Processed<RecordChunk>,
+    ) -> Result<(), TestError> {
+        Ok(())
+    }
+
+    fn stateful_operators(&mut self) -> Vec<&mut dyn StatefulOperator<TestError>> {
+        Vec::new()
+    }
+
+    fn event_time(&mut self) -> Option<&mut dyn EventTime> {
+        Some(self)
+    }
+}
+
+impl EventTime for PickyProcessor {
+    fn next_watermark_ms(&self) -> i64 {
         1000 * self.batches
+    }
+
+    fn restore_watermark(&mut self, _watermark_ms: i64) {}
+
+    fn stats(&self) -> sluice_offsets::EventTimeStats {
+        sluice_offsets::EventTimeStats::default()
     }
 }
 
@@ -1599,9 +1628,14 @@ async fn a_replayed_batch_the_sink_already_has_is_only_committed() {
 /// delta is its own count, a snapshot the total so far.
 #[derive(Default)]
 struct CountingProcessor {
+    counter: Counter,
+}
+
+/// The count of [`CountingProcessor`], as its one stateful operator.
+#[derive(Default)]
+struct Counter {
     committed: u64,
     batch: u64,
-    restored_from: Option<(Option<BatchId>, usize)>,
 }
 
 impl sluice_offsets::Processor for CountingProcessor {
@@ -1613,7 +1647,7 @@ impl sluice_offsets::Processor for CountingProcessor {
         _batch: BatchId,
         _metadata: &sluice_offsets::BatchMetadata,
     ) -> Result<(), TestError> {
-        self.batch = 0;
+        self.counter.batch = 0;
         Ok(())
     }
 
@@ -1622,34 +1656,47 @@ impl sluice_offsets::Processor for CountingProcessor {
         records: RecordChunk,
         out: &mut sluice_offsets::Processed<RecordChunk>,
     ) -> Result<(), TestError> {
-        self.batch += records.len() as u64;
+        self.counter.batch += records.len() as u64;
         out.row_count += records.len() as u64;
         out.rows.push(records);
         Ok(())
     }
 
-    fn state_operators(&self) -> u32 {
+    async fn finish_batch(
+        &mut self,
+        _batch: BatchId,
+        _out: &mut sluice_offsets::Processed<RecordChunk>,
+    ) -> Result<(), TestError> {
+        Ok(())
+    }
+
+    fn stateful_operators(&mut self) -> Vec<&mut dyn StatefulOperator<TestError>> {
+        vec![&mut self.counter]
+    }
+
+    fn event_time(&mut self) -> Option<&mut dyn EventTime> {
+        None
+    }
+}
+
+impl StatefulOperator<TestError> for Counter {
+    fn name(&self) -> &str {
+        "counter"
+    }
+
+    fn partitions(&self) -> u32 {
         1
     }
 
-    fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, TestError> {
-        Ok(vec![counter_file(batch, StateFileKind::Delta, self.batch)])
+    fn delta(&self) -> Result<Vec<Vec<u8>>, TestError> {
+        Ok(vec![self.batch.to_be_bytes().to_vec()])
     }
 
-    fn state_snapshots(&mut self, batch: BatchId) -> Result<Vec<StateFile>, TestError> {
-        Ok(vec![counter_file(
-            batch,
-            StateFileKind::Snapshot,
-            self.committed,
-        )])
+    fn snapshot(&self) -> Result<Vec<Vec<u8>>, TestError> {
+        Ok(vec![self.committed.to_be_bytes().to_vec()])
     }
 
-    fn restore_state(
-        &mut self,
-        version: Option<BatchId>,
-        files: Vec<StateFile>,
-    ) -> Result<(), TestError> {
-        self.restored_from = Some((version, files.len()));
+    fn restore(&mut self, files: &[StateFile]) -> Result<(), TestError> {
         self.committed = files
             .iter()
             .map(|f| u64::from_be_bytes(f.bytes.as_slice().try_into().unwrap()))
@@ -1657,21 +1704,20 @@ impl sluice_offsets::Processor for CountingProcessor {
         Ok(())
     }
 
-    async fn commit_state(&mut self, _batch: BatchId) -> Result<(), TestError> {
+    fn commit(&mut self) {
         self.committed += self.batch;
-        Ok(())
     }
-}
 
-/// A state file holding one counter.
-fn counter_file(version: BatchId, kind: StateFileKind, n: u64) -> StateFile {
-    StateFile {
-        operator: 0,
-        partition: 0,
-        version,
-        kind,
-        bytes: n.to_be_bytes().to_vec(),
-        location: String::new(),
+    fn waits_for_watermark(&self) -> bool {
+        false
+    }
+
+    fn stats(&self) -> sluice_offsets::StateOperatorStats {
+        sluice_offsets::StateOperatorStats {
+            name: "counter".to_owned(),
+            rows_total: 1,
+            ..Default::default()
+        }
     }
 }
 

@@ -47,7 +47,8 @@ pub use json::{
 };
 pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
 pub use processor::{
-    BadRecordPolicy, ERROR_HEADER, EventTimeStats, PassThrough, Processed, Processor,
+    BadRecordPolicy, ERROR_HEADER, EventTime, EventTimeStats, PassThrough, Processed, Processor,
+    next_watermark_ms, wants_batch_without_data,
 };
 pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
 pub use record::{Header, Record, TimestampType};
@@ -62,7 +63,7 @@ pub use starting::{
 };
 pub use state::{
     SNAPSHOT_EVERY, StateFile, StateFileId, StateFileKind, StateGap, StateOperatorStats,
-    snapshot_due, state_files_for, state_files_to_load, state_files_to_purge,
+    StatefulOperator, snapshot_due, state_files_for, state_files_to_load, state_files_to_purge,
     state_files_to_purge_in,
 };
-pub use store::{OffsetStore, StoredBatches};
+pub use store::{OffsetStore, StateStore, StoredBatches};

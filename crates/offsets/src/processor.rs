@@ -3,15 +3,14 @@
 //! A [`Processor`] sits between the reader and the sink. It takes the batch's
 //! records chunk by chunk and gives the sink its output: the records themselves
 //! ([`PassThrough`]), or rows a query made of them. It is told where each batch
-//! begins and ends, so that an operator with state can restore the state of the
-//! batch before (a replay starts from version N-1), emit at the end what the
-//! batch's watermark closed, and make its state durable before the batch's
-//! commit ([`Processor::commit_state`]).
+//! begins and ends, so that it can emit at the end what the batch's watermark
+//! closed. What it keeps between batches it shows the executor as capabilities:
+//! its [`StatefulOperator`]s, whose state the executor restores and makes durable,
+//! and its [`EventTime`], whose watermark goes into each plan.
 
 use std::future::Future;
 
-use crate::{BatchId, BatchMetadata, RecordChunk, StateFile, StateOperatorStats};
-
+use crate::{BatchId, BatchMetadata, RecordChunk, StatefulOperator};
 /// The header a record that could not be processed carries, naming why, when it
 /// goes to the dead letters.
 pub const ERROR_HEADER: &str = "sluice.error";
@@ -51,9 +50,14 @@ impl<O> Processed<O> {
 /// Turns a batch's records into its sink's input.
 ///
 /// Contract: the executor calls `begin_batch` once the batch's plan is durable,
-/// `process` for every chunk, `finish_batch`, and `commit_state` before it
-/// writes the batch's commit. A batch begun again (a read retried, a replay after
-/// a crash) gets the same records again, and must give the same output.
+/// `process` for every chunk and `finish_batch`; then it makes the state of its
+/// [`stateful_operators`](Processor::stateful_operators) durable and commits it
+/// before it writes the batch's commit. A batch begun again (a read retried, a
+/// replay after a crash) gets the same records again, and must give the same
+/// output.
+///
+/// No method has a default: a processor that wraps another forwards each one or
+/// says, in its own code, that it has no state or no event time.
 pub trait Processor: Send {
     /// What the sink receives.
     type Output: Send + Sync;
@@ -66,10 +70,7 @@ pub trait Processor: Send {
         &mut self,
         batch: BatchId,
         metadata: &BatchMetadata,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        let _ = (batch, metadata);
-        async { Ok(()) }
-    }
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Processes the batch's next records into `out`.
     fn process(
@@ -83,93 +84,58 @@ pub trait Processor: Send {
         &mut self,
         batch: BatchId,
         out: &mut Processed<Self::Output>,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        let _ = (batch, out);
-        async { Ok(()) }
-    }
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// How many stateful operators the query has, numbered from 0; none for a
-    /// stateless one.
-    fn state_operators(&self) -> u32 {
-        0
-    }
+    /// Its operators that keep state between batches, always in the same
+    /// order: their place is their number in the checkpoint. Empty for a
+    /// stateless processor.
+    fn stateful_operators(&mut self) -> Vec<&mut dyn StatefulOperator<Self::Error>>;
 
-    /// How many partitions each stateful operator splits its keys into: fixed
-    /// for a checkpoint, as the stored state is split so.
-    fn state_partitions(&self) -> u32 {
-        1
-    }
+    /// Its event-time clock; `None` when the query has no event time.
+    fn event_time(&mut self) -> Option<&mut dyn EventTime>;
+}
 
-    /// The state deltas of the batch just finished, one per operator and
-    /// partition, for the executor to make durable before the batch's commit.
-    fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, Self::Error> {
-        let _ = batch;
-        Ok(Vec::new())
-    }
-
-    /// Snapshots of each operator's whole state after `batch`, which is
-    /// committed: asked for when [`crate::snapshot_due`], and written after the
-    /// commit, off the way to it.
-    fn state_snapshots(&mut self, batch: BatchId) -> Result<Vec<StateFile>, Self::Error> {
-        let _ = batch;
-        Ok(Vec::new())
-    }
-
-    /// Sets the state a restart continues from: version `version`, rebuilt from
-    /// `files` (for each operator and partition its snapshot and the deltas after
-    /// it, all ordered by version); `None` for a query that starts with empty
-    /// state.
-    fn restore_state(
-        &mut self,
-        version: Option<BatchId>,
-        files: Vec<StateFile>,
-    ) -> Result<(), Self::Error> {
-        let _ = (version, files);
-        Ok(())
-    }
-
-    /// What each stateful operator held after the batch just finished, for its
-    /// progress report.
-    fn state_progress(&self) -> Vec<StateOperatorStats> {
-        Vec::new()
-    }
-
-    /// The batch's state files are durable: the next batch starts from its
-    /// state. Called before its commit is written.
-    fn commit_state(
-        &mut self,
-        batch: BatchId,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        let _ = batch;
-        async { Ok(()) }
-    }
-
-    /// Whether a batch without new data should run now, under the watermark
-    /// [`Processor::watermark_ms`] gives, because that watermark closes state
-    /// the last batch could not emit: Spark's no-data batch.
-    fn wants_batch_without_data(&self, last_watermark_ms: i64) -> bool {
-        let _ = last_watermark_ms;
-        false
-    }
-
-    /// The event-time watermark for the next batch's plan, in epoch
-    /// milliseconds.
-    fn watermark_ms(&self) -> i64 {
-        0
-    }
+/// The event time of a query with a watermark, as Spark's
+/// `withWatermark(column, delay)` keeps it: the watermark changes only between
+/// batches, so that a batch replayed under its recorded watermark gives the same
+/// output.
+pub trait EventTime: Send {
+    /// The watermark for the next batch's plan, in epoch milliseconds.
+    fn next_watermark_ms(&self) -> i64;
 
     /// Takes the watermark a restart continues from: the last commit's
     /// `next_watermark_ms`, when no batch is to be replayed (a replay's plan
-    /// carries its own, given to `begin_batch`).
-    fn restore_watermark(&mut self, watermark_ms: i64) {
-        let _ = watermark_ms;
-    }
+    /// carries its own, given to [`Processor::begin_batch`]).
+    fn restore_watermark(&mut self, watermark_ms: i64);
 
-    /// The event time of the batch just finished, for its progress report;
-    /// `None` when the query has no event time.
-    fn event_time(&self) -> Option<EventTimeStats> {
-        None
-    }
+    /// The event time of the batch just finished, for its progress report.
+    fn stats(&self) -> EventTimeStats;
+}
+
+/// The watermark for the next batch's plan: the processor's event time's, or 0
+/// for a query without event time.
+pub fn next_watermark_ms<P: Processor + ?Sized>(processor: &mut P) -> i64 {
+    processor
+        .event_time()
+        .map_or(0, |clock| clock.next_watermark_ms())
+}
+
+/// Whether a batch without new data should run now, under the watermark
+/// [`next_watermark_ms`] gives, because that watermark moved past
+/// `last_watermark_ms` and an operator holds state it would emit or drop:
+/// Spark's no-data batch.
+pub fn wants_batch_without_data<P: Processor + ?Sized>(
+    processor: &mut P,
+    last_watermark_ms: i64,
+) -> bool {
+    let moved = processor
+        .event_time()
+        .is_some_and(|clock| clock.next_watermark_ms() > last_watermark_ms);
+    moved
+        && processor
+            .stateful_operators()
+            .iter()
+            .any(|operator| operator.waits_for_watermark())
 }
 
 /// The event time a batch's rows carried, and the watermark it ran under, in
@@ -194,6 +160,26 @@ pub struct PassThrough;
 impl Processor for PassThrough {
     type Output = RecordChunk;
     type Error = std::convert::Infallible;
+
+    async fn begin_batch(&mut self, _: BatchId, _: &BatchMetadata) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    async fn finish_batch(
+        &mut self,
+        _: BatchId,
+        _: &mut Processed<RecordChunk>,
+    ) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn stateful_operators(&mut self) -> Vec<&mut dyn StatefulOperator<Self::Error>> {
+        Vec::new()
+    }
+
+    fn event_time(&mut self) -> Option<&mut dyn EventTime> {
+        None
+    }
 
     async fn process(
         &mut self,

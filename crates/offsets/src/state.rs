@@ -5,7 +5,7 @@
 //! starts from version N-1. Each version is a file of its own: a delta (what batch
 //! N changed) or a snapshot (all of it), written every
 //! [`SNAPSHOT_EVERY`] versions so that a restart reads a bounded number of files.
-//! The encoding of a file is the processor's; the stores keep bytes.
+//! The encoding of a file is its [`StatefulOperator`]'s; the stores keep bytes.
 //!
 //! An operator's keys are split into state partitions by a hash of the key, as
 //! Spark splits them by its shuffle partitions, so that no single file or
@@ -26,6 +26,52 @@ pub const SNAPSHOT_EVERY: u64 = 10;
 /// Whether a snapshot of the state after `batch` is due.
 pub fn snapshot_due(batch: BatchId) -> bool {
     (batch.0 + 1).is_multiple_of(SNAPSHOT_EVERY)
+}
+
+/// An operator that keeps state between batches (an aggregation's groups, a
+/// join's buffered rows, a dedupe set), as the executor's checkpoint sees it.
+/// `E` is the error of the processor that runs it.
+///
+/// Contract: the executor asks for the batch's [`delta`](Self::delta) once the
+/// processor has finished the batch, makes it durable, then calls
+/// [`commit`](Self::commit); the next batch starts from the committed state. A
+/// batch begun again before its commit starts from the same committed state. The
+/// encoding of the files is the operator's: the executor names and stores them,
+/// and hands them back as written.
+pub trait StatefulOperator<E>: Send {
+    /// Its name in progress reports, as Spark names the operator
+    /// (`stateStoreSave`, `dedupe`).
+    fn name(&self) -> &str;
+
+    /// How many partitions its keys are split into: fixed for a checkpoint, as
+    /// the stored state is split so.
+    fn partitions(&self) -> u32;
+
+    /// What the batch just finished changed: one file per partition, in
+    /// partition order (an empty change where no key of a partition changed, so
+    /// that each partition's versions stay contiguous). Empty when no batch has
+    /// finished since the last commit.
+    fn delta(&self) -> Result<Vec<Vec<u8>>, E>;
+
+    /// The whole committed state, one file per partition in partition order.
+    fn snapshot(&self) -> Result<Vec<Vec<u8>>, E>;
+
+    /// Sets the committed state from stored files: for each partition its
+    /// snapshot and the deltas after it, all ordered by version. No files is the
+    /// empty state.
+    fn restore(&mut self, files: &[StateFile]) -> Result<(), E>;
+
+    /// Makes the finished batch's state the one the next batch starts from:
+    /// its delta is durable.
+    fn commit(&mut self);
+
+    /// Whether it holds state that a later watermark alone would emit or drop,
+    /// so that a batch without new data is worth running once the watermark
+    /// moves: Spark's no-data batch.
+    fn waits_for_watermark(&self) -> bool;
+
+    /// What it held after the batch just finished, for its progress report.
+    fn stats(&self) -> StateOperatorStats;
 }
 
 /// Whether a state file holds a batch's changes or the whole state.
@@ -141,6 +187,29 @@ pub fn state_files_to_purge(
 }
 
 impl StateFile {
+    /// The files an operator encoded for `version`, one per partition in
+    /// partition order (as [`StatefulOperator::delta`] and
+    /// [`StatefulOperator::snapshot`] give them), named for the store.
+    pub fn of_operator(
+        operator: u32,
+        version: BatchId,
+        kind: StateFileKind,
+        partitions: Vec<Vec<u8>>,
+    ) -> Vec<StateFile> {
+        partitions
+            .into_iter()
+            .zip(0..)
+            .map(|(bytes, partition)| StateFile {
+                operator,
+                partition,
+                version,
+                kind,
+                bytes,
+                location: String::new(),
+            })
+            .collect()
+    }
+
     /// Its partition, version and kind.
     pub fn id(&self) -> StateFileId {
         StateFileId {

@@ -89,37 +89,6 @@ pub trait OffsetStore: Send {
     fn purge(&mut self, keep_from: BatchId)
     -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// Durably writes a state file. One already stored for the same operator,
-    /// partition, version and kind is left as it is: a replayed batch computes the same
-    /// state from the same version before it, so nothing stored is replaced.
-    fn write_state(
-        &mut self,
-        file: &StateFile,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
-
-    /// The state files stored for `operator`, in every partition.
-    fn list_state(
-        &mut self,
-        operator: u32,
-    ) -> impl Future<Output = Result<Vec<StateFileId>, Self::Error>> + Send;
-
-    /// Reads one state file, with its location filled in.
-    fn read_state(
-        &mut self,
-        operator: u32,
-        file: StateFileId,
-    ) -> impl Future<Output = Result<StateFile, Self::Error>> + Send;
-
-    /// Removes state files that recovery no longer needs.
-    fn remove_state(
-        &mut self,
-        operator: u32,
-        files: &[StateFileId],
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
-
-    /// Where a state file lives, for messages.
-    fn describe_state(&self, operator: u32, file: StateFileId) -> String;
-
     /// Confirms that this runner still holds the query, failing as fenced when a
     /// later runner claimed it. Asked after the sink fenced earlier writers
     /// ([`Sink::take_over`]): a runner that lost the query in between must stop
@@ -151,4 +120,54 @@ pub trait OffsetStore: Send {
     /// Where an entry lives (a file path, a table and key), so that an error such as
     /// an [`Inconsistency`] can name what a person should look at.
     fn describe(&self, log: Log, batch: BatchId) -> String;
+}
+
+/// Durable storage for the state files of a query's stateful operators, beside
+/// its offsets: a `state/` directory in the checkpoint, or a Cassandra table.
+///
+/// Contract for implementations: a write returns only once the file is durable,
+/// and is fenced as the same store's offset writes are; `list_state` and
+/// `read_state` never repair or remove anything; a damaged file is an error
+/// naming it.
+pub trait StateStore: Send {
+    /// What can go wrong, with the location (file, table) it concerns.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Durably writes a state file. One already stored for the same operator,
+    /// partition, version and kind is left as it is: a replayed batch computes the same
+    /// state from the same version before it, so nothing stored is replaced.
+    fn write_state(
+        &mut self,
+        file: &StateFile,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// The state files stored for `operator`, in every partition.
+    fn list_state(
+        &mut self,
+        operator: u32,
+    ) -> impl Future<Output = Result<Vec<StateFileId>, Self::Error>> + Send;
+
+    /// Reads one state file, with its location filled in.
+    fn read_state(
+        &mut self,
+        operator: u32,
+        file: StateFileId,
+    ) -> impl Future<Output = Result<StateFile, Self::Error>> + Send;
+
+    /// Removes state files that recovery no longer needs.
+    fn remove_state(
+        &mut self,
+        operator: u32,
+        files: &[StateFileId],
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Where a state file lives, for messages.
+    fn describe_state(&self, operator: u32, file: StateFileId) -> String;
+
+    /// Whether `error` may go away by itself, so that the same call is worth
+    /// trying again. The default treats every error as permanent.
+    fn is_transient(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
 }

@@ -24,7 +24,7 @@ use sluice_checkpoint_fs::Checkpoint;
 use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, DiscardSink, JsonlSink};
 use sluice_executor::{Query, QueryOptions, QueryProgress};
 use sluice_kafka_source::{KafkaSink, KafkaSource};
-use sluice_offsets::{OffsetStore, PassThrough, Processor, Sink, Source};
+use sluice_offsets::{OffsetStore, PassThrough, Processor, Sink, Source, StateStore};
 use sluice_sql::{Decoder, SqlProcessor, StreamQuery};
 use tokio::sync::watch;
 
@@ -244,8 +244,8 @@ async fn with_store<St>(
     group: Option<group::InGroup>,
 ) -> Result<(), Exit>
 where
-    St: OffsetStore,
-    St::Error: Classify,
+    St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
+    <St as OffsetStore>::Error: Classify,
 {
     let source =
         KafkaSource::new(settings.kafka.clone(), &query_id).map_err(|e| Exit::config(e.into()))?;
@@ -363,8 +363,8 @@ impl Parts {
     /// Runs with the records going to the sink as read.
     async fn records<St>(self, store: St) -> Result<(), Exit>
     where
-        St: OffsetStore,
-        St::Error: Classify,
+        St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
+        <St as OffsetStore>::Error: Classify,
     {
         let dead = DiscardSink;
         match self.settings.sink.clone() {
@@ -406,8 +406,8 @@ impl Parts {
         dead: DeadLetterSink,
     ) -> Result<(), Exit>
     where
-        St: OffsetStore,
-        St::Error: Classify,
+        St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
+        <St as OffsetStore>::Error: Classify,
     {
         let schema = processor.output_schema();
         match self.settings.sink.clone() {
@@ -454,8 +454,8 @@ impl Parts {
         sink_description: String,
     ) -> Result<(), Exit>
     where
-        St: OffsetStore,
-        St::Error: Classify,
+        St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
+        <St as OffsetStore>::Error: Classify,
         P: Processor,
         P::Error: Classify,
         K: Sink<P::Output>,
@@ -520,8 +520,8 @@ async fn run_query<St, P, K, D>(
     sink_description: String,
 ) -> Result<(), Exit>
 where
-    St: OffsetStore,
-    St::Error: Classify,
+    St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
+    <St as OffsetStore>::Error: Classify,
     P: Processor,
     P::Error: Classify,
     K: Sink<P::Output>,

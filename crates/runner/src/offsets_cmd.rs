@@ -10,8 +10,8 @@ use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_offsets::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Directory, Log, OffsetStore, PartitionOffsets,
-    Recovery, StateFile, StateFileId, StateFileKind, StateGap, StoredBatches, offsets_from_json,
-    offsets_to_json, state_files_for,
+    Recovery, StateFile, StateFileId, StateFileKind, StateGap, StateStore, StoredBatches,
+    offsets_from_json, offsets_to_json, state_files_for,
 };
 
 use crate::exit::Exit;

@@ -3,9 +3,11 @@
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, SchemaRef};
 use sluice_offsets::{
-    BatchId, BatchMetadata, ERROR_HEADER, EventTimeStats, Processed, Processor, RecordChunk,
-    RecordParts, StateFile, StateFileKind, StateOperatorStats,
+    BatchId, BatchMetadata, ERROR_HEADER, EventTime, EventTimeStats, Processed, Processor,
+    RecordChunk, RecordParts, StatefulOperator,
 };
+#[cfg(test)]
+use sluice_offsets::{StateFile, StateFileKind};
 
 use crate::{BadRecord, Decoder, SqlError, StreamQuery};
 
@@ -16,7 +18,7 @@ use crate::{BadRecord, Decoder, SqlError, StreamQuery};
 pub struct SqlProcessor {
     decoder: Decoder,
     query: Option<StreamQuery>,
-    event_time: Option<EventTime>,
+    event_time: Option<Watermark>,
 }
 
 /// The event-time column and the watermark it drives, as Spark's
@@ -24,7 +26,7 @@ pub struct SqlProcessor {
 /// minus the delay, never moves back, and changes only between batches, so
 /// that a batch replayed with its recorded watermark gives the same output.
 #[derive(Debug)]
-struct EventTime {
+struct Watermark {
     /// The column's index in the decoded rows.
     column: usize,
     delay_ms: i64,
@@ -45,7 +47,7 @@ struct Seen {
     count: u64,
 }
 
-impl EventTime {
+impl Watermark {
     fn begin(&mut self, watermark_ms: i64) {
         self.watermark_ms = watermark_ms;
         self.seen = Seen::default();
@@ -144,7 +146,7 @@ impl SqlProcessor {
                 reason: "the watermark delay cannot be negative".to_owned(),
             });
         }
-        self.event_time = Some(EventTime {
+        self.event_time = Some(Watermark {
             column: index,
             delay_ms,
             watermark_ms: 0,
@@ -165,6 +167,20 @@ impl SqlProcessor {
             Some(query) => query.schema(),
             None => self.decoder.schema(),
         }
+    }
+}
+
+impl EventTime for Watermark {
+    fn next_watermark_ms(&self) -> i64 {
+        Watermark::next_watermark_ms(self)
+    }
+
+    fn restore_watermark(&mut self, watermark_ms: i64) {
+        self.begin(watermark_ms);
+    }
+
+    fn stats(&self) -> EventTimeStats {
+        Watermark::stats(self)
     }
 }
 
@@ -201,115 +217,15 @@ impl Processor for SqlProcessor {
         Ok(())
     }
 
-    fn state_operators(&self) -> u32 {
-        u32::from(self.query.as_ref().is_some_and(StreamQuery::is_stateful))
-    }
-
-    fn state_partitions(&self) -> u32 {
-        self.query.as_ref().map_or(1, StreamQuery::state_partitions)
-    }
-
-    fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, SqlError> {
-        let Some(aggregation) = self.query.as_ref().and_then(StreamQuery::aggregation_ref) else {
-            return Ok(Vec::new());
-        };
-        let Some(delta) = aggregation.pending_delta() else {
-            return Ok(Vec::new());
-        };
-        partitioned_files(
-            aggregation,
-            delta,
-            self.state_partitions(),
-            batch,
-            StateFileKind::Delta,
-        )
-    }
-
-    fn state_snapshots(&mut self, batch: BatchId) -> Result<Vec<StateFile>, SqlError> {
-        let Some(aggregation) = self.query.as_ref().and_then(StreamQuery::aggregation_ref) else {
-            return Ok(Vec::new());
-        };
-        let table = aggregation.committed_snapshot()?;
-        partitioned_files(
-            aggregation,
-            &table,
-            self.state_partitions(),
-            batch,
-            StateFileKind::Snapshot,
-        )
-    }
-
-    fn restore_state(
-        &mut self,
-        version: Option<BatchId>,
-        files: Vec<StateFile>,
-    ) -> Result<(), SqlError> {
-        let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) else {
-            return Ok(());
-        };
-        if version.is_none() {
-            aggregation.reset();
-            return Ok(());
-        }
-        let schema = aggregation.file_schema();
-        let tables = files
-            .iter()
-            .map(|f| sluice_state::decode(&f.bytes, &schema, &f.location))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(aggregation.restore(&tables)?)
-    }
-
-    fn commit_state(
-        &mut self,
-        _batch: BatchId,
-    ) -> impl std::future::Future<Output = Result<(), SqlError>> + Send {
-        if let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) {
-            aggregation.commit();
-        }
-        async { Ok(()) }
-    }
-
-    fn state_progress(&self) -> Vec<StateOperatorStats> {
-        let Some(aggregation) = self.query.as_ref().and_then(StreamQuery::aggregation_ref) else {
-            return Vec::new();
-        };
-        let stats = aggregation.stats();
-        vec![StateOperatorStats {
-            name: aggregation.operator_name().to_owned(),
-            rows_total: stats.rows_total,
-            rows_updated: stats.rows_updated,
-            rows_removed: stats.rows_removed,
-            rows_dropped_by_watermark: stats.rows_dropped_by_watermark,
-            memory_used_bytes: stats.memory_used_bytes,
-        }]
-    }
-
-    fn wants_batch_without_data(&self, last_watermark_ms: i64) -> bool {
-        let (Some(aggregation), Some(event_time)) = (
-            self.query.as_ref().and_then(StreamQuery::aggregation_ref),
-            self.event_time.as_ref(),
-        ) else {
-            return false;
-        };
-        aggregation.evicts()
-            && aggregation.stats().rows_total > 0
-            && event_time.next_watermark_ms() > last_watermark_ms
-    }
-
-    fn watermark_ms(&self) -> i64 {
-        self.event_time
-            .as_ref()
-            .map_or(0, EventTime::next_watermark_ms)
-    }
-
-    fn restore_watermark(&mut self, watermark_ms: i64) {
-        if let Some(event_time) = &mut self.event_time {
-            event_time.begin(watermark_ms);
+    fn stateful_operators(&mut self) -> Vec<&mut dyn StatefulOperator<SqlError>> {
+        match self.query.as_mut().and_then(StreamQuery::aggregation) {
+            Some(aggregation) => vec![aggregation as &mut dyn StatefulOperator<SqlError>],
+            None => Vec::new(),
         }
     }
 
-    fn event_time(&self) -> Option<EventTimeStats> {
-        self.event_time.as_ref().map(EventTime::stats)
+    fn event_time(&mut self) -> Option<&mut dyn EventTime> {
+        self.event_time.as_mut().map(|w| w as &mut dyn EventTime)
     }
 
     async fn process(
@@ -387,38 +303,75 @@ impl Processor for SqlProcessor {
     }
 }
 
+/// What the executor's checkpoint does with a processor, for the tests here,
+/// which run one without an executor.
+#[cfg(test)]
+impl SqlProcessor {
+    fn watermark_ms(&mut self) -> i64 {
+        sluice_offsets::next_watermark_ms(self)
+    }
+
+    fn event_stats(&mut self) -> Option<EventTimeStats> {
+        self.event_time().map(|clock| clock.stats())
+    }
+
+    fn restore_watermark(&mut self, watermark_ms: i64) {
+        if let Some(clock) = self.event_time() {
+            clock.restore_watermark(watermark_ms);
+        }
+    }
+
+    fn state_files(&mut self, batch: BatchId) -> Result<Vec<StateFile>, SqlError> {
+        self.encoded(batch, StateFileKind::Delta)
+    }
+
+    fn state_snapshots(&mut self, batch: BatchId) -> Result<Vec<StateFile>, SqlError> {
+        self.encoded(batch, StateFileKind::Snapshot)
+    }
+
+    fn encoded(&mut self, batch: BatchId, kind: StateFileKind) -> Result<Vec<StateFile>, SqlError> {
+        let mut files = Vec::new();
+        for (operator, state) in (0..).zip(self.stateful_operators()) {
+            let parts = match kind {
+                StateFileKind::Delta => state.delta()?,
+                StateFileKind::Snapshot => state.snapshot()?,
+            };
+            files.extend(StateFile::of_operator(operator, batch, kind, parts));
+        }
+        Ok(files)
+    }
+
+    fn commit_state(&mut self) {
+        for state in self.stateful_operators() {
+            state.commit();
+        }
+    }
+
+    fn restore_state(&mut self, files: &[StateFile]) -> Result<(), SqlError> {
+        for state in self.stateful_operators() {
+            state.restore(files)?;
+        }
+        Ok(())
+    }
+
+    fn state_progress(&mut self) -> Vec<sluice_offsets::StateOperatorStats> {
+        self.stateful_operators()
+            .iter()
+            .map(|state| state.stats())
+            .collect()
+    }
+
+    fn wants_batch_without_data(&mut self, last_watermark_ms: i64) -> bool {
+        sluice_offsets::wants_batch_without_data(self, last_watermark_ms)
+    }
+}
+
 /// The record each decoded row came from: every record of the chunk but those
 /// that did not decode, in order.
 fn rows_to_records(records: usize, bad: &[BadRecord]) -> Vec<usize> {
     let mut bad = bad.iter().map(|b| b.index).peekable();
     (0..records)
         .filter(|index| bad.next_if_eq(index).is_none())
-        .collect()
-}
-
-/// A state table as one file per partition; a partition that the table has no
-/// row of gets a file without rows, so that every partition has every version.
-fn partitioned_files(
-    aggregation: &sluice_state::Aggregation,
-    table: &RecordBatch,
-    partitions: u32,
-    version: BatchId,
-    kind: StateFileKind,
-) -> Result<Vec<StateFile>, SqlError> {
-    aggregation
-        .split_by_partition(table, partitions)?
-        .iter()
-        .enumerate()
-        .map(|(partition, part)| {
-            Ok(StateFile {
-                operator: 0,
-                partition: partition as u32,
-                version,
-                kind,
-                bytes: sluice_state::encode(part)?,
-                location: String::new(),
-            })
-        })
         .collect()
 }
 
@@ -543,7 +496,7 @@ mod tests {
         )
         .await;
         let minute = 1_767_225_600_000 + 60_000;
-        let stats = processor.event_time().unwrap();
+        let stats = processor.event_stats().unwrap();
         assert_eq!(stats.watermark_ms, 0, "batch 0 ran without a watermark");
         assert_eq!(stats.min_ms, Some(minute - 30_000));
         assert_eq!(stats.max_ms, Some(minute));
@@ -559,13 +512,13 @@ mod tests {
             &[r#"{"n":4,"ts":"2026-01-01T00:00:01Z"}"#],
         )
         .await;
-        assert_eq!(processor.event_time().unwrap().watermark_ms, next);
+        assert_eq!(processor.event_stats().unwrap().watermark_ms, next);
         assert_eq!(processor.watermark_ms(), next);
 
         // A batch without event times keeps it too.
         batch(&mut processor, 2, next, &[r#"{"n":5}"#]).await;
         assert_eq!(processor.watermark_ms(), next);
-        let stats = processor.event_time().unwrap();
+        let stats = processor.event_stats().unwrap();
         assert_eq!(
             (stats.min_ms, stats.max_ms, stats.avg_ms),
             (None, None, None)
@@ -589,14 +542,16 @@ mod tests {
         batch(&mut retried, 7, 1_000, &values).await;
         let mut restarted = watermarked(60_000);
         batch(&mut restarted, 7, 1_000, &values).await;
-        assert_eq!(first.watermark_ms(), retried.watermark_ms());
-        assert_eq!(first.watermark_ms(), restarted.watermark_ms());
-        assert_eq!(first.event_time(), restarted.event_time());
+        let watermark = first.watermark_ms();
+        assert_eq!(watermark, retried.watermark_ms());
+        assert_eq!(watermark, restarted.watermark_ms());
+        assert_eq!(first.event_stats(), restarted.event_stats());
 
         // Restored from a commit, the next batch starts from it.
         let mut resumed = watermarked(60_000);
-        resumed.restore_watermark(first.watermark_ms());
-        assert_eq!(resumed.watermark_ms(), first.watermark_ms());
+        let watermark = first.watermark_ms();
+        resumed.restore_watermark(watermark);
+        assert_eq!(resumed.watermark_ms(), watermark);
     }
 
     #[test]
@@ -703,7 +658,7 @@ mod stateful_tests {
         }
         p.finish_batch(BatchId(id), &mut out).await.unwrap();
         let files = p.state_files(BatchId(id)).unwrap();
-        p.commit_state(BatchId(id)).await.unwrap();
+        p.commit_state();
         (text(&out.rows), files)
     }
 
@@ -751,7 +706,8 @@ mod stateful_tests {
         );
         let stats = &p.state_progress()[0];
         assert_eq!((stats.rows_total, stats.rows_removed), (1, 3), "{stats:?}");
-        assert!(!p.wants_batch_without_data(p.watermark_ms()));
+        let watermark = p.watermark_ms();
+        assert!(!p.wants_batch_without_data(watermark));
         // And never again.
         let (out, _) = run(&mut p, 3, &[("carl", 1, 59)]).await;
         assert!(
@@ -791,8 +747,7 @@ mod stateful_tests {
         for (id, rows) in batches.iter().enumerate() {
             let mut p = processor(SQL, Some(OutputMode::Update)).await;
             p.restore_watermark(watermark);
-            let version = id.checked_sub(1).map(|v| BatchId(v as u64));
-            p.restore_state(version, files.clone()).unwrap();
+            p.restore_state(&files).unwrap();
             let (out, new) = run(&mut p, id as u64, rows).await;
             assert_eq!(out, expected[id], "batch {id}");
             files.extend(new);
@@ -897,15 +852,14 @@ mod aggregate_tests {
         let mut last = Vec::new();
         for (id, (from, until)) in [(0, 25), (25, 41), (41, 60)].into_iter().enumerate() {
             let mut p = processor(sql, &options).await;
-            let version = id.checked_sub(1).map(|v| BatchId(v as u64));
-            p.restore_state(version, files.clone()).unwrap();
+            p.restore_state(&files).unwrap();
             let metadata = BatchMetadata::default();
             p.begin_batch(BatchId(id as u64), &metadata).await.unwrap();
             let mut out = Processed::<RecordBatch>::default();
             p.process(chunk(from, until), &mut out).await.unwrap();
             p.finish_batch(BatchId(id as u64), &mut out).await.unwrap();
             files.extend(p.state_files(BatchId(id as u64)).unwrap());
-            p.commit_state(BatchId(id as u64)).await.unwrap();
+            p.commit_state();
             if id == 1 {
                 // The last batch starts from a snapshot in place of the deltas.
                 files = p.state_snapshots(BatchId(1)).unwrap();
@@ -990,7 +944,7 @@ mod aggregate_tests {
             let mut out = Processed::<RecordBatch>::default();
             p.process(chunk(from, until), &mut out).await.unwrap();
             p.finish_batch(BatchId(id as u64), &mut out).await.unwrap();
-            p.commit_state(BatchId(id as u64)).await.unwrap();
+            p.commit_state();
             emitted.extend(rows(&out.rows));
             held.push(p.state_progress()[0].rows_total);
         }

@@ -45,7 +45,6 @@ struct Stateful {
     aggregation: Aggregation,
     upper: Arc<dyn ExecutionPlan>,
     upper_slot: Arc<Slot>,
-    partitions: u32,
 }
 
 /// How a query runs, beyond its SQL.
@@ -194,7 +193,8 @@ impl StreamQuery {
         };
         let (lower, top, parts) = parts;
         let upper_slot = Arc::new(Slot::default());
-        let aggregation = aggregation(parts, grouping.as_ref(), options)?;
+        let aggregation = aggregation(parts, grouping.as_ref(), options)?
+            .with_partitions(options.state_partitions.unwrap_or(1));
         let upper = replace_aggregate(&plan, &top, aggregation.output_schema(), &upper_slot)?;
         Ok(StreamQuery {
             plan: lower,
@@ -205,7 +205,6 @@ impl StreamQuery {
                 aggregation,
                 upper,
                 upper_slot,
-                partitions: options.state_partitions.unwrap_or(1).max(1),
             }),
         })
     }
@@ -224,13 +223,11 @@ impl StreamQuery {
         self.stateful.as_mut().map(|s| &mut s.aggregation)
     }
 
-    pub(crate) fn aggregation_ref(&self) -> Option<&Aggregation> {
-        self.stateful.as_ref().map(|s| &s.aggregation)
-    }
-
     /// How many partitions the aggregation's state is split into.
     pub fn state_partitions(&self) -> u32 {
-        self.stateful.as_ref().map_or(1, |s| s.partitions)
+        self.stateful
+            .as_ref()
+            .map_or(1, |s| s.aggregation.partitions())
     }
 
     /// Ends a batch of a query that aggregates: the rows its output mode emits

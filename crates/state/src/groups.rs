@@ -137,6 +137,8 @@ pub struct Aggregation {
     stats: StateStats,
     /// `[query] max_state_rows`.
     max_rows: u64,
+    /// How many partitions its state files are split into.
+    partitions: u32,
 }
 
 impl std::fmt::Debug for Aggregation {
@@ -217,7 +219,20 @@ impl Aggregation {
             pending: None,
             stats: StateStats::default(),
             max_rows,
+            partitions: 1,
         })
+    }
+
+    /// Splits its state files into `partitions` partitions by a hash of the
+    /// group key ([`partition_of`]); one unless told otherwise.
+    pub fn with_partitions(mut self, partitions: u32) -> Aggregation {
+        self.partitions = partitions.max(1);
+        self
+    }
+
+    /// How many partitions its state files are split into.
+    pub fn partitions(&self) -> u32 {
+        self.partitions
     }
 
     /// The output mode.

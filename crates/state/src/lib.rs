@@ -15,6 +15,7 @@
 mod error;
 mod file;
 mod groups;
+mod operator;
 mod time;
 
 pub use error::StateError;

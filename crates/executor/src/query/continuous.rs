@@ -34,7 +34,7 @@ enum Epoch {
 impl<Src, Store, Snk, Proc, Dead> Query<Src, Store, Snk, Proc, Dead>
 where
     Src: Source,
-    Store: OffsetStore,
+    Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
     Proc: Processor,
     Snk: Sink<Proc::Output>,
     Dead: Sink,
@@ -49,7 +49,7 @@ where
         summary: &mut RunSummary,
         on_progress: &mut (impl FnMut(&QueryProgress) + Send),
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        let operators = self.processor.state_operators();
+        let operators = self.processor.stateful_operators().len() as u32;
         if operators > 0 {
             return Err(ExecutorError::ContinuousWithState { operators });
         }
@@ -137,7 +137,7 @@ where
         }
         durations.latest_offset = micros(epoch_start.elapsed());
         let metadata = BatchMetadata {
-            watermark_ms: self.processor.watermark_ms(),
+            watermark_ms: next_watermark_ms(&mut self.processor),
             timestamp_ms: epoch_ms(SystemTime::now()),
             conf: Default::default(),
         };
@@ -278,7 +278,7 @@ where
             Part::Store,
             "writing the plan",
             self.store.write_plan(&plan),
-            Store::is_transient,
+            <Store as OffsetStore>::is_transient,
             ExecutorError::Store
         )?;
         durations.wal_commit = micros(t.elapsed());
