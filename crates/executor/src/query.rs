@@ -7,8 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use sluice_offsets::{
     BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss,
     DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetRange, OffsetStore,
-    PartitionOffsets, PassThrough, Processed, Processor, RecordChunk, Recovery, Sink, Source,
-    StartingOffsets, StateStore, TopicPartition, apply_data_loss_policy, classify_batch,
+    PartitionOffsets, PassThrough, Processed, Processor, Reach, RecordChunk, Recovery, Sink,
+    Source, StartingOffsets, StateStore, TopicPartition, apply_data_loss_policy, classify_batch,
     next_watermark_ms, purge_due, rate_limit, should_run_batch, snapshot_due,
     wants_batch_without_data,
 };
@@ -237,6 +237,16 @@ struct EndedBatch {
     waited: Duration,
 }
 
+/// Where a run goes on after its recovery.
+struct Recovered {
+    /// The next batch to plan.
+    next_batch: BatchId,
+    /// Where it starts; `None` where the starting options decide.
+    start: Option<PartitionOffsets>,
+    /// The watermark of the newest plan.
+    last_watermark: i64,
+}
+
 /// A batch ready to execute, with the phases timed so far.
 struct Planned {
     plan: BatchPlan,
@@ -379,11 +389,103 @@ where
         }
     }
 
+    /// Recovers, then runs the trigger's batches: each the eight steps that
+    /// `docs/architecture.md` lists, of which `execute` takes the last five.
     async fn run_batches(
         &mut self,
         summary: &mut RunSummary,
         on_progress: &mut (impl FnMut(&QueryProgress) + Send),
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
+        let Recovered {
+            mut next_batch,
+            mut start,
+            mut last_watermark,
+        } = self.recover(summary, on_progress).await?;
+        if self.recovery_only {
+            return Ok(());
+        }
+        if let Trigger::Continuous(interval) = self.options.trigger {
+            return self
+                .run_epochs(interval, next_batch, start, summary, on_progress)
+                .await;
+        }
+        // As in Spark, `available_now` reads what was there when it started: the
+        // partitions and their ends are looked up once, not before every batch,
+        // and no batch reads past those ends. Offsets purged since then still
+        // surface as data loss while reading.
+        let mut available_now: Option<(BTreeMap<TopicPartition, OffsetBounds>, PartitionOffsets)> =
+            None;
+        let mut last_batch_at = Instant::now();
+        let mut idle = IdleBackoff::new(self.options.polling_delay);
+        while !*self.stop.borrow() {
+            let trigger_start = Instant::now();
+            let timestamp = SystemTime::now();
+            // 1. The partitions and their offset bounds.
+            let partitions = match &available_now {
+                Some((partitions, _)) => partitions.clone(),
+                None => self.discover().await?,
+            };
+            if self.options.trigger == Trigger::AvailableNow && available_now.is_none() {
+                let ends = partitions.iter().map(|(tp, b)| (tp.clone(), b.high));
+                available_now = Some((partitions.clone(), ends.collect()));
+            }
+            // 2. Data loss, judged against the bounds, which may move a start.
+            let mut from = match start.take() {
+                Some(from) => from,
+                None => self.starting_offsets(&partitions).await?,
+            };
+            let losses = data_loss(&mut from, &partitions, self.options.fail_on_data_loss)?;
+            // 3. The plan, under the rate limits, unless the trigger waits.
+            let reach = Reach::of(
+                from,
+                &partitions,
+                available_now.as_ref().map(|(_, ends)| ends),
+            );
+            let latest_offset_us = micros(trigger_start.elapsed());
+            let since_last = millis(last_batch_at.elapsed());
+            if !self.runs_now(&reach, since_last, last_watermark) {
+                let available = reach.available();
+                start = Some(reach.from);
+                self.settle_pending(summary, on_progress).await?;
+                if available == 0 && self.options.trigger.stops_when_caught_up() {
+                    break;
+                }
+                let idle = Some(idle.next_wait());
+                if wait_for_next_trigger(self.options.trigger, trigger_start, idle, &mut self.stop)
+                    .await
+                {
+                    break;
+                }
+                continue;
+            }
+            let mut planned = self.plan(next_batch, reach, losses, trigger_start, timestamp)?;
+            planned.durations.latest_offset = latest_offset_us;
+            last_watermark = planned.plan.metadata().watermark_ms;
+            let end = planned.plan.end_offsets();
+            // 4.-8. Write the plan, read, process, sink, commit, purge.
+            self.execute(planned, summary, on_progress).await?;
+            last_batch_at = Instant::now();
+            idle.reset();
+            start = Some(end);
+            next_batch = next_batch.next();
+            if self.options.trigger == Trigger::Once
+                || wait_for_next_trigger(self.options.trigger, trigger_start, None, &mut self.stop)
+                    .await
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the store and decides how the query resumes: fences earlier
+    /// writers of the sink, restores the state and the watermark of the last
+    /// committed batch, and replays a planned but uncommitted batch.
+    async fn recover(
+        &mut self,
+        summary: &mut RunSummary,
+        on_progress: &mut (impl FnMut(&QueryProgress) + Send),
+    ) -> Result<Recovered, QueryError<Src, Store, Proc, Snk, Dead>> {
         let stored = retrying!(
             self,
             Part::Store,
@@ -412,34 +514,31 @@ where
             }
         };
         self.restore_state(state_version).await?;
-        let mut last_watermark = stored
+        let last_watermark = stored
             .latest_plan
             .as_ref()
             .map_or(0, |p| p.metadata().watermark_ms);
-
-        let (mut next_batch, mut start) = match recovery {
-            Recovery::StartFresh => (BatchId::FIRST, stored.initial_offsets.clone()),
+        let (next_batch, start) = match recovery {
+            Recovery::StartFresh => (BatchId::FIRST, stored.initial_offsets),
             Recovery::RunNext { next, .. } => {
                 if let Some(commit) = &stored.latest_commit {
                     self.restore_watermark(commit.next_watermark_ms);
                 }
-                let end = stored.latest_plan.as_ref().map(BatchPlan::end_offsets);
-                (next, end)
+                (
+                    next,
+                    stored.latest_plan.as_ref().map(BatchPlan::end_offsets),
+                )
             }
             Recovery::Replay { batch } => {
-                let plan = stored
-                    .latest_plan
-                    .clone()
-                    .ok_or_else(|| ExecutorError::Plan {
-                        batch: batch.0,
-                        reason: "the plan to replay could not be loaded".to_owned(),
-                    })?;
+                let plan = stored.latest_plan.ok_or_else(|| ExecutorError::Plan {
+                    batch: batch.0,
+                    reason: "the plan to replay could not be loaded".to_owned(),
+                })?;
                 tracing::info!(
                     batch = batch.0,
                     "replaying the planned but uncommitted batch with its recorded ranges"
                 );
                 let end = plan.end_offsets();
-                last_watermark = plan.metadata().watermark_ms;
                 let planned = Planned {
                     latest: end.clone(),
                     plan,
@@ -453,158 +552,63 @@ where
                 (batch.next(), Some(end))
             }
         };
+        Ok(Recovered {
+            next_batch,
+            start,
+            last_watermark,
+        })
+    }
 
-        if self.recovery_only {
-            return Ok(());
+    /// Whether the trigger runs a batch over `reach` now: there is new data and
+    /// `min_offsets_per_trigger` does not hold it back, or there is none but a
+    /// watermark that moved since `last_watermark` closes state (a batch
+    /// without data emits it, as Spark's no-data batches do).
+    fn runs_now(&mut self, reach: &Reach, since_last_ms: u64, last_watermark: i64) -> bool {
+        match reach.available() {
+            0 => wants_batch_without_data(&mut self.processor, last_watermark),
+            available => should_run_batch(
+                available,
+                self.options.min_offsets_per_trigger,
+                since_last_ms,
+            ),
         }
-        if let Trigger::Continuous(interval) = self.options.trigger {
-            return self
-                .run_epochs(interval, next_batch, start, summary, on_progress)
-                .await;
-        }
+    }
 
-        let mut available_now_target: Option<PartitionOffsets> = None;
-        let mut available_now_partitions: Option<BTreeMap<TopicPartition, OffsetBounds>> = None;
-        let mut last_batch_at = Instant::now();
-        let mut idle = IdleBackoff::new(self.options.polling_delay);
-        loop {
-            if *self.stop.borrow() {
-                break;
+    /// The plan of batch `id` over `reach`, under the trigger's rate limit, with
+    /// the watermark the processor gives.
+    fn plan(
+        &mut self,
+        id: BatchId,
+        reach: Reach,
+        losses: Vec<DataLoss>,
+        trigger_start: Instant,
+        timestamp: SystemTime,
+    ) -> Result<Planned, QueryError<Src, Store, Proc, Snk, Dead>> {
+        let budget = match self.options.trigger {
+            Trigger::Once => None,
+            _ => self.options.max_offsets_per_trigger,
+        };
+        let end = reach.end(budget);
+        let metadata = BatchMetadata {
+            watermark_ms: next_watermark_ms(&mut self.processor),
+            timestamp_ms: epoch_ms(timestamp),
+            conf: Default::default(),
+        };
+        let plan = BatchPlan::from_offsets(id, &reach.from, &end, metadata).map_err(|e| {
+            ExecutorError::Plan {
+                batch: id.0,
+                reason: e.to_string(),
             }
-            let trigger_start = Instant::now();
-            let timestamp = SystemTime::now();
-
-            // As in Spark, `available_now` reads what was there when it started: the
-            // partitions and their ends are looked up once, not before every batch.
-            // Offsets purged since then still surface as data loss while reading.
-            let partitions: BTreeMap<_, _> = match &available_now_partitions {
-                Some(partitions) => partitions.clone(),
-                None => self.discover().await?,
-            };
-            if self.options.trigger == Trigger::AvailableNow && available_now_partitions.is_none() {
-                available_now_partitions = Some(partitions.clone());
-            }
-            let mut from = match start.take() {
-                Some(from) => from,
-                None => self.starting_offsets(&partitions).await?,
-            };
-            let losses = data_loss(&mut from, &partitions, self.options.fail_on_data_loss)?;
-            // Keyed by the discovered partitions, whose topic names the source
-            // shares, so that the batch's maps compare them by address. New
-            // partitions start at their first offset (0 unless that was lost,
-            // which the classification above has already handled).
-            let mut from: PartitionOffsets = from
-                .into_iter()
-                .map(|(tp, at)| match partitions.get_key_value(&tp) {
-                    Some((known, _)) => (known.clone(), at),
-                    None => (tp, at),
-                })
-                .collect();
-            for (tp, marks) in &partitions {
-                if !from.contains_key(tp) {
-                    from.insert(tp.clone(), marks.low);
-                }
-            }
-            let latest: PartitionOffsets = partitions
-                .iter()
-                .map(|(tp, m)| (tp.clone(), m.high))
-                .collect();
-            let reachable = match self.options.trigger {
-                Trigger::AvailableNow => {
-                    let target = available_now_target.get_or_insert_with(|| latest.clone());
-                    from.iter()
-                        .map(|(tp, f)| {
-                            let cap = target.get(tp).copied().unwrap_or(*f);
-                            let l = latest.get(tp).copied().unwrap_or(*f);
-                            (tp.clone(), cap.min(l).max(*f))
-                        })
-                        .collect()
-                }
-                _ => latest.clone(),
-            };
-            let budget = match self.options.trigger {
-                Trigger::Once => None,
-                _ => self.options.max_offsets_per_trigger,
-            };
-            let end = rate_limit(&from, &reachable, budget);
-            let available: u64 = from
-                .iter()
-                .map(|(tp, f)| reachable.get(tp).map_or(0, |r| f.distance_to(*r)))
-                .sum();
-            let latest_offset_us = micros(trigger_start.elapsed());
-
-            let since_last = millis(last_batch_at.elapsed());
-            // A watermark that moved without new data still closes state: a batch
-            // without data emits it, as Spark's no-data batches do.
-            let without_data =
-                available == 0 && wants_batch_without_data(&mut self.processor, last_watermark);
-            if !without_data
-                && (available == 0
-                    || !should_run_batch(
-                        available,
-                        self.options.min_offsets_per_trigger,
-                        since_last,
-                    ))
-            {
-                start = Some(from);
-                self.settle_pending(summary, on_progress).await?;
-                if available == 0 && self.options.trigger.stops_when_caught_up() {
-                    break;
-                }
-                let idle = idle.next_wait();
-                if wait_for_next_trigger(
-                    self.options.trigger,
-                    trigger_start,
-                    Some(idle),
-                    &mut self.stop,
-                )
-                .await
-                {
-                    break;
-                }
-                continue;
-            }
-
-            let metadata = BatchMetadata {
-                watermark_ms: next_watermark_ms(&mut self.processor),
-                timestamp_ms: epoch_ms(timestamp),
-                conf: Default::default(),
-            };
-            last_watermark = metadata.watermark_ms;
-            let plan = BatchPlan::from_offsets(next_batch, &from, &end, metadata).map_err(|e| {
-                ExecutorError::Plan {
-                    batch: next_batch.0,
-                    reason: e.to_string(),
-                }
-            })?;
-            let planned = Planned {
-                plan,
-                replay: false,
-                latest,
-                losses,
-                durations: DurationMs {
-                    latest_offset: latest_offset_us,
-                    ..DurationMs::default()
-                },
-                trigger_start,
-                timestamp,
-            };
-            self.execute(planned, summary, on_progress).await?;
-            last_batch_at = Instant::now();
-            idle.reset();
-            start = Some(end);
-            next_batch = next_batch.next();
-
-            if self.options.trigger == Trigger::Once {
-                break;
-            }
-            if wait_for_next_trigger(self.options.trigger, trigger_start, None, &mut self.stop)
-                .await
-            {
-                break;
-            }
-        }
-        Ok(())
+        })?;
+        Ok(Planned {
+            plan,
+            replay: false,
+            latest: reach.latest,
+            losses,
+            durations: DurationMs::default(),
+            trigger_start,
+            timestamp,
+        })
     }
 
     /// Writes the plan (unless it is a replay), reads, hands the records to the

@@ -23,6 +23,7 @@ mod data_loss;
 mod group;
 mod json;
 mod partition;
+mod planning;
 mod processor;
 mod rate_limit;
 mod record;
@@ -46,6 +47,7 @@ pub use json::{
     OffsetJsonError, offsets_from_json, offsets_to_json, values_from_json, values_to_json,
 };
 pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
+pub use planning::Reach;
 pub use processor::{
     BadRecordPolicy, ERROR_HEADER, EventTime, EventTimeStats, PassThrough, Processed, Processor,
     next_watermark_ms, wants_batch_without_data,
