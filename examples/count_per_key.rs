@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_executor::{Query, QueryOptions, Trigger};
 use sluice_kafka_source::{KafkaSource, KafkaSourceConfig, TopicSelection};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, StartingOffsets};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, StartingOffsets, Writes};
 
 /// Counts records per key and writes one file per batch.
 struct CountPerKey {
@@ -40,18 +40,6 @@ impl Sink for CountPerKey {
         Ok(())
     }
 
-    async fn write(&mut self, records: &RecordChunk) -> std::io::Result<()> {
-        for record in records {
-            let key = record
-                .key()
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .unwrap_or_else(|| "(no key)".to_owned());
-            *self.counts.entry(key).or_default() += 1;
-            self.records += 1;
-        }
-        Ok(())
-    }
-
     async fn finish_batch(&mut self, batch: BatchId) -> std::io::Result<()> {
         let text: String = self
             .counts
@@ -65,6 +53,20 @@ impl Sink for CountPerKey {
         );
         // Same batch, same records, same file: replacing it is exactly once.
         tokio::fs::write(self.dir.join(format!("counts-{batch}.txt")), text).await
+    }
+}
+
+impl Writes for CountPerKey {
+    async fn write(&mut self, records: &RecordChunk) -> std::io::Result<()> {
+        for record in records {
+            let key = record
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .unwrap_or_else(|| "(no key)".to_owned());
+            *self.counts.entry(key).or_default() += 1;
+            self.records += 1;
+        }
+        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@ use scylla::client::session::Session;
 
 use scylla::statement::prepared::PreparedStatement;
 use serde_json::{Map, Value};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, RecordRef, Sink};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, RecordRef, Sink, Writes};
 use tokio::task::JoinSet;
 
 use crate::CassandraStoreError;
@@ -270,6 +270,15 @@ impl Sink for CassandraSink {
         Ok(())
     }
 
+    async fn finish_batch(&mut self, _batch: BatchId) -> Result<(), CassandraStoreError> {
+        while !self.in_flight.is_empty() {
+            join_one(&mut self.in_flight).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Writes for CassandraSink {
     async fn write(&mut self, records: &RecordChunk) -> Result<(), CassandraStoreError> {
         let table = format!("{}.{}", self.config.keyspace, self.config.table);
         let batch = self.batch;
@@ -288,13 +297,6 @@ impl Sink for CassandraSink {
                 })?;
             self.upsert(row, format!("upserting {position} of batch {batch}"))
                 .await?;
-        }
-        Ok(())
-    }
-
-    async fn finish_batch(&mut self, _batch: BatchId) -> Result<(), CassandraStoreError> {
-        while !self.in_flight.is_empty() {
-            join_one(&mut self.in_flight).await?;
         }
         Ok(())
     }
@@ -429,21 +431,7 @@ impl CassandraSink {
     }
 }
 
-impl Sink<arrow::array::RecordBatch> for CassandraSink {
-    type Error = CassandraStoreError;
-
-    fn is_transient(error: &CassandraStoreError) -> bool {
-        error.is_transient()
-    }
-
-    async fn begin_batch(
-        &mut self,
-        batch: BatchId,
-        ranges: &[OffsetRange],
-    ) -> Result<(), CassandraStoreError> {
-        <Self as Sink>::begin_batch(self, batch, ranges).await
-    }
-
+impl Writes<arrow::array::RecordBatch> for CassandraSink {
     async fn write(&mut self, rows: &arrow::array::RecordBatch) -> Result<(), CassandraStoreError> {
         let table = format!("{}.{}", self.config.keyspace, self.config.table);
         let batch = self.batch;
@@ -461,10 +449,6 @@ impl Sink<arrow::array::RecordBatch> for CassandraSink {
             .await?;
         }
         Ok(())
-    }
-
-    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), CassandraStoreError> {
-        <Self as Sink>::finish_batch(self, batch).await
     }
 }
 

@@ -8,8 +8,8 @@ use sluice_offsets::{
     BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss,
     DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetRange, OffsetStore,
     PartitionOffsets, PassThrough, Processed, Processor, Reach, RecordChunk, Recovery, Sink,
-    Source, StartingOffsets, StateStore, TopicPartition, apply_data_loss_policy, classify_batch,
-    next_watermark_ms, purge_due, rate_limit, should_run_batch, snapshot_due,
+    Source, StartingOffsets, StateStore, TopicPartition, Writes, apply_data_loss_policy,
+    classify_batch, next_watermark_ms, purge_due, rate_limit, should_run_batch, snapshot_due,
     wants_batch_without_data,
 };
 use tokio::sync::watch;
@@ -28,7 +28,7 @@ pub type QueryError<Src, Store, Proc, Snk, Dead> = ExecutorError<
     <Src as Source>::Error,
     <Store as OffsetStore>::Error,
     <Proc as Processor>::Error,
-    <Snk as Sink<<Proc as Processor>::Output>>::Error,
+    <Snk as Sink>::Error,
     <Dead as Sink>::Error,
 >;
 
@@ -264,7 +264,7 @@ impl<Src, Store, Snk> Query<Src, Store, Snk>
 where
     Src: Source,
     Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
-    Snk: Sink,
+    Snk: Writes,
 {
     /// A query with the id its offset store holds, handing the records to the
     /// sink as read.
@@ -292,8 +292,8 @@ where
     Src: Source,
     Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
     Proc: Processor,
-    Snk: Sink<Proc::Output>,
-    Dead: Sink,
+    Snk: Writes<Proc::Output>,
+    Dead: Writes,
 {
     /// A query whose records go through `processor` to `sink`; records it
     /// cannot process go to `dead_letters` when `on_bad_record` says so.

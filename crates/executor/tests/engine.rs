@@ -12,7 +12,7 @@ use sluice_offsets::{
     BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, EventTime, Log, Offset, OffsetBounds,
     OffsetRange, OffsetStore, PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets,
     StateFile, StateFileId, StateFileKind, StateStore, StatefulOperator, StoredBatches,
-    TimestampType, TopicPartition,
+    TimestampType, TopicPartition, Writes,
 };
 use tokio::sync::watch;
 
@@ -454,6 +454,18 @@ impl Sink for MemSink {
         Ok(())
     }
 
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), TestError> {
+        let open = self
+            .open
+            .take()
+            .filter(|o| o.0 == batch)
+            .ok_or_else(|| TestError(format!("batch {batch} ends without having begun")))?;
+        self.batches.lock().unwrap().push(open);
+        Ok(())
+    }
+}
+
+impl Writes for MemSink {
     async fn write(&mut self, records: &RecordChunk) -> Result<(), TestError> {
         let open = self
             .open
@@ -473,16 +485,6 @@ impl Sink for MemSink {
                 .map(|r| String::from_utf8(r.value().unwrap().to_vec()).unwrap()),
         );
         *self.written.lock().unwrap() += records.len() as u64;
-        Ok(())
-    }
-
-    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), TestError> {
-        let open = self
-            .open
-            .take()
-            .filter(|o| o.0 == batch)
-            .ok_or_else(|| TestError(format!("batch {batch} ends without having begun")))?;
-        self.batches.lock().unwrap().push(open);
         Ok(())
     }
 }
@@ -1571,10 +1573,6 @@ impl Sink for TwoPhaseSink {
         self.inner.begin_batch(batch, ranges).await
     }
 
-    async fn write(&mut self, records: &RecordChunk) -> Result<(), TestError> {
-        self.inner.write(records).await
-    }
-
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), TestError> {
         self.inner.finish_batch(batch).await
     }
@@ -1586,6 +1584,12 @@ impl Sink for TwoPhaseSink {
     ) -> Result<bool, TestError> {
         self.asked.lock().unwrap().push(batch);
         Ok(true)
+    }
+}
+
+impl Writes for TwoPhaseSink {
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), TestError> {
+        self.inner.write(records).await
     }
 }
 
@@ -1887,10 +1891,6 @@ impl Sink for FencedSink {
         self.inner.begin_batch(batch, ranges).await
     }
 
-    async fn write(&mut self, records: &RecordChunk) -> Result<(), TestError> {
-        self.inner.write(records).await
-    }
-
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), TestError> {
         if self
             .fence_at
@@ -1902,6 +1902,12 @@ impl Sink for FencedSink {
             return Err(TestError(FENCED.to_owned()));
         }
         self.inner.finish_batch(batch).await
+    }
+}
+
+impl Writes for FencedSink {
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), TestError> {
+        self.inner.write(records).await
     }
 }
 

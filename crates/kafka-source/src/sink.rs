@@ -29,7 +29,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
 
 use crate::refusal::Refusals;
 use crate::{KafkaSourceError, off_thread};
@@ -857,25 +857,7 @@ fn bytes_at(array: &dyn arrow::array::Array, i: usize) -> Option<&[u8]> {
     })
 }
 
-impl Sink<arrow::array::RecordBatch> for KafkaSink {
-    type Error = KafkaSourceError;
-
-    async fn take_over(&mut self) -> Result<(), KafkaSourceError> {
-        self.take_over_transactions().await
-    }
-
-    fn is_fenced(error: &KafkaSourceError) -> bool {
-        <Self as Sink>::is_fenced(error)
-    }
-
-    async fn begin_batch(
-        &mut self,
-        batch: BatchId,
-        ranges: &[OffsetRange],
-    ) -> Result<(), KafkaSourceError> {
-        <Self as Sink>::begin_batch(self, batch, ranges).await
-    }
-
+impl Writes<arrow::array::RecordBatch> for KafkaSink {
     async fn write(&mut self, rows: &arrow::array::RecordBatch) -> Result<(), KafkaSourceError> {
         use arrow::array::{Array, AsArray};
         use arrow::datatypes::{DataType, Int32Type, Int64Type};
@@ -949,22 +931,6 @@ impl Sink<arrow::array::RecordBatch> for KafkaSink {
         }
         Ok(())
     }
-
-    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), KafkaSourceError> {
-        <Self as Sink>::finish_batch(self, batch).await
-    }
-
-    fn is_transient(error: &KafkaSourceError) -> bool {
-        <Self as Sink>::is_transient(error)
-    }
-
-    async fn delivered(
-        &mut self,
-        batch: BatchId,
-        ranges: &[OffsetRange],
-    ) -> Result<bool, KafkaSourceError> {
-        <Self as Sink>::delivered(self, batch, ranges).await
-    }
 }
 
 impl Sink for KafkaSink {
@@ -1003,34 +969,6 @@ impl Sink for KafkaSink {
         self.batch = batch;
         self.batch_text = batch.to_string();
         self.rows = 0;
-        Ok(())
-    }
-
-    async fn write(&mut self, records: &RecordChunk) -> Result<(), KafkaSourceError> {
-        for record in records {
-            let position = format!(
-                "{}-{}@{}",
-                record.topic(),
-                record.partition(),
-                record.offset()
-            );
-            let mut headers = OwnedHeaders::new_with_capacity(record.header_count() + 3);
-            for (key, value) in record.headers() {
-                headers = headers.insert(Header { key, value });
-            }
-            let headers = self.sluice_headers(headers, &position);
-            let topic = self.topic.clone();
-            self.produce(Outgoing {
-                topic: &topic,
-                key: record.key(),
-                value: record.value(),
-                partition: None,
-                timestamp_ms: record.timestamp_ms(),
-                headers,
-                position: &position,
-            })
-            .await?;
-        }
         Ok(())
     }
 
@@ -1102,6 +1040,36 @@ impl Sink for KafkaSink {
                     e.offset() == KafkaOffset::Offset(range.until.value()) && e.metadata() == marker
                 })
         }))
+    }
+}
+
+impl Writes for KafkaSink {
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), KafkaSourceError> {
+        for record in records {
+            let position = format!(
+                "{}-{}@{}",
+                record.topic(),
+                record.partition(),
+                record.offset()
+            );
+            let mut headers = OwnedHeaders::new_with_capacity(record.header_count() + 3);
+            for (key, value) in record.headers() {
+                headers = headers.insert(Header { key, value });
+            }
+            let headers = self.sluice_headers(headers, &position);
+            let topic = self.topic.clone();
+            self.produce(Outgoing {
+                topic: &topic,
+                key: record.key(),
+                value: record.value(),
+                partition: None,
+                timestamp_ms: record.timestamp_ms(),
+                headers,
+                position: &position,
+            })
+            .await?;
+        }
+        Ok(())
     }
 }
 

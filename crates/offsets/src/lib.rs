@@ -28,6 +28,7 @@ mod processor;
 mod rate_limit;
 mod record;
 mod recovery;
+mod sink;
 mod source;
 mod starting;
 mod state;
@@ -58,7 +59,8 @@ pub use recovery::{
     DEFAULT_MIN_BATCHES_TO_RETAIN, Inconsistency, Log, Recovery, decide_recovery, purge_due,
     purge_interval, purge_threshold,
 };
-pub use source::{BatchReader, PartitionRecords, ReadBatch, Sink, Source, read_all};
+pub use sink::{Sink, Writes};
+pub use source::{BatchReader, PartitionRecords, ReadBatch, Source, read_all};
 pub use starting::{
     MissingCommitted, SpecificOffset, StartingOffsets, StartingOffsetsError, StartingOptions,
     TimestampFallback, parse_starting_offsets,

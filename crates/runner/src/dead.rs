@@ -4,7 +4,7 @@
 
 use sluice_executor::sinks::{DiscardSink, JsonlSink, SinkError};
 use sluice_kafka_source::{KafkaSink, KafkaSourceError};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
 
 /// The configured dead letters.
 pub enum DeadLetterSink {
@@ -36,33 +36,35 @@ impl Sink for DeadLetterSink {
         ranges: &[OffsetRange],
     ) -> Result<(), DeadLetterError> {
         match self {
-            DeadLetterSink::None(s) => Sink::<RecordChunk>::begin_batch(s, batch, ranges).await?,
+            DeadLetterSink::None(s) => Sink::begin_batch(s, batch, ranges).await?,
             DeadLetterSink::Directory(s) => {
-                Sink::<RecordChunk>::begin_batch(s, batch, ranges).await?;
+                Sink::begin_batch(s, batch, ranges).await?;
             }
             DeadLetterSink::Kafka(s) => {
-                Sink::<RecordChunk>::begin_batch(s.as_mut(), batch, ranges).await?;
+                Sink::begin_batch(s.as_mut(), batch, ranges).await?;
             }
-        }
-        Ok(())
-    }
-
-    async fn write(&mut self, records: &RecordChunk) -> Result<(), DeadLetterError> {
-        match self {
-            DeadLetterSink::None(s) => Sink::<RecordChunk>::write(s, records).await?,
-            DeadLetterSink::Directory(s) => Sink::<RecordChunk>::write(s, records).await?,
-            DeadLetterSink::Kafka(s) => Sink::<RecordChunk>::write(s.as_mut(), records).await?,
         }
         Ok(())
     }
 
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), DeadLetterError> {
         match self {
-            DeadLetterSink::None(s) => Sink::<RecordChunk>::finish_batch(s, batch).await?,
-            DeadLetterSink::Directory(s) => Sink::<RecordChunk>::finish_batch(s, batch).await?,
+            DeadLetterSink::None(s) => Sink::finish_batch(s, batch).await?,
+            DeadLetterSink::Directory(s) => Sink::finish_batch(s, batch).await?,
             DeadLetterSink::Kafka(s) => {
-                Sink::<RecordChunk>::finish_batch(s.as_mut(), batch).await?;
+                Sink::finish_batch(s.as_mut(), batch).await?;
             }
+        }
+        Ok(())
+    }
+}
+
+impl Writes for DeadLetterSink {
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), DeadLetterError> {
+        match self {
+            DeadLetterSink::None(s) => Writes::write(s, records).await?,
+            DeadLetterSink::Directory(s) => Writes::write(s, records).await?,
+            DeadLetterSink::Kafka(s) => Writes::write(s.as_mut(), records).await?,
         }
         Ok(())
     }

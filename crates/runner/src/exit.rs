@@ -70,8 +70,14 @@ impl Exit {
         }
     }
 
-    /// Why the executor stopped: each part's error chooses its own code.
-    pub fn executor<S, T, P, K, D>(error: ExecutorError<S, T, P, K, D>) -> Exit
+    /// Why the executor stopped: each part's error chooses its own code;
+    /// `fenced` is the sink's own judgement ([`Sink::is_fenced`]) of its errors.
+    ///
+    /// [`Sink::is_fenced`]: sluice_offsets::Sink::is_fenced
+    pub fn executor<S, T, P, K, D>(
+        error: ExecutorError<S, T, P, K, D>,
+        fenced: fn(&K) -> bool,
+    ) -> Exit
     where
         S: Classify + std::error::Error + Send + Sync + 'static,
         T: Classify + std::error::Error + Send + Sync + 'static,
@@ -96,18 +102,11 @@ impl Exit {
                 code: 5,
                 error: e.into(),
             },
-            ExecutorError::Sink(e) => {
-                let error = anyhow::Error::from(e);
-                // Fenced by a newer runner, as the stores' fencing is: 4.
-                let fenced = matches!(
-                    error.downcast_ref::<KafkaSourceError>(),
-                    Some(KafkaSourceError::Fenced { .. })
-                );
-                Exit {
-                    code: if fenced { 4 } else { 1 },
-                    error,
-                }
-            }
+            // Fenced by a newer runner, as the stores' fencing is: 4.
+            ExecutorError::Sink(e) => Exit {
+                code: if fenced(&e) { 4 } else { 1 },
+                error: e.into(),
+            },
             e @ ExecutorError::DeadLetters(_) => Exit::runtime(e.into()),
             // The last error chooses the code; the message keeps the count of
             // tries and the limit that ended them.
@@ -115,7 +114,7 @@ impl Exit {
                 retried,
                 last: Some(last),
             } => {
-                let inner = Exit::executor(*last);
+                let inner = Exit::executor(*last, fenced);
                 Exit {
                     code: inner.code,
                     error: inner.error.context(format!("{retried}; the last error")),

@@ -9,7 +9,7 @@
 //!   query and before the sink fences earlier writers, as a runner paused there
 //!   by the machine would be, until a SIGCONT.
 
-use sluice_offsets::{BatchId, OffsetRange, Sink};
+use sluice_offsets::{BatchId, OffsetRange, Sink, Writes};
 
 /// The environment variable naming the failpoint.
 pub const FAILPOINT_VAR: &str = "SLUICE_FAILPOINT";
@@ -56,7 +56,7 @@ pub struct WithFailpoint<S> {
     pub at: Failpoint,
 }
 
-impl<T: ?Sized + Sync, S: Sink<T>> Sink<T> for WithFailpoint<S> {
+impl<S: Sink> Sink for WithFailpoint<S> {
     type Error = S::Error;
 
     async fn begin_batch(
@@ -65,10 +65,6 @@ impl<T: ?Sized + Sync, S: Sink<T>> Sink<T> for WithFailpoint<S> {
         ranges: &[OffsetRange],
     ) -> Result<(), S::Error> {
         self.inner.begin_batch(batch, ranges).await
-    }
-
-    async fn write(&mut self, output: &T) -> Result<(), S::Error> {
-        self.inner.write(output).await
     }
 
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), S::Error> {
@@ -110,5 +106,11 @@ impl<T: ?Sized + Sync, S: Sink<T>> Sink<T> for WithFailpoint<S> {
         ranges: &[OffsetRange],
     ) -> Result<bool, S::Error> {
         self.inner.delivered(batch, ranges).await
+    }
+}
+
+impl<T: ?Sized + Sync, S: Writes<T>> Writes<T> for WithFailpoint<S> {
+    async fn write(&mut self, output: &T) -> Result<(), S::Error> {
+        self.inner.write(output).await
     }
 }

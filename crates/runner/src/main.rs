@@ -19,12 +19,12 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice_cassandra_store::CassandraStore;
+use sluice_cassandra_store::{CassandraSink, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, DiscardSink, JsonlSink};
 use sluice_executor::{Query, QueryOptions, QueryProgress};
 use sluice_kafka_source::{KafkaSink, KafkaSource};
-use sluice_offsets::{OffsetStore, PassThrough, Processor, Sink, Source, StateStore};
+use sluice_offsets::{OffsetStore, PassThrough, Processor, Source, StateStore, Writes};
 use sluice_sql::{Decoder, SqlProcessor, StreamQuery};
 use tokio::sync::watch;
 
@@ -261,10 +261,11 @@ where
         generation: group.map(|g| g.generation),
     };
     let Some(processor) = processor else {
-        return parts.records(store).await;
+        return parts.with_sink(store, PassThrough, DiscardSink, None).await;
     };
     let dead = dead_letters(&parts.settings, &parts.query_id, parts.generation.as_ref())?;
-    parts.rows(store, processor, dead).await
+    let schema = processor.output_schema();
+    parts.with_sink(store, processor, dead, Some(schema)).await
 }
 
 /// The decoder and the query of a configuration, planned.
@@ -360,56 +361,27 @@ impl Parts {
         .map_err(|e| Exit::config(e.into()))
     }
 
-    /// Runs with the records going to the sink as read.
-    async fn records<St>(self, store: St) -> Result<(), Exit>
-    where
-        St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
-        <St as OffsetStore>::Error: Classify,
-    {
-        let dead = DiscardSink;
-        match self.settings.sink.clone() {
-            SinkKind::Discard => {
-                self.run(store, PassThrough, DiscardSink, dead, "discard".into())
-                    .await
-            }
-            SinkKind::Console { json, .. } => {
-                let sink = ConsoleSink::new(console_format(json));
-                self.run(store, PassThrough, sink, dead, "console".into())
-                    .await
-            }
-            SinkKind::Kafka(config) => {
-                let description = format!("kafka[{}]", config.topic);
-                let sink = self.kafka_sink(config).await?;
-                self.run(store, PassThrough, sink, dead, description).await
-            }
-            SinkKind::Cassandra(config) => {
-                let description = format!("cassandra[{}.{}]", config.keyspace, config.table);
-                let sink = sluice_cassandra_store::CassandraSink::new(config)
-                    .await
-                    .map_err(Exit::cassandra)?;
-                self.run(store, PassThrough, sink, dead, description).await
-            }
-            SinkKind::Jsonl { path } => {
-                let sink =
-                    jsonl(&path, self.generation.as_ref()).map_err(|e| Exit::runtime(e.into()))?;
-                let description = format!("jsonl[{}]", path.display());
-                self.run(store, PassThrough, sink, dead, description).await
-            }
-        }
-    }
-
-    /// Runs with the query's rows (or the decoded rows) going to the sink.
-    async fn rows<St>(
+    /// Runs with the processor's output going to the configured sink: the
+    /// records as read (`rows` is `None`), or rows of the `rows` schema.
+    async fn with_sink<St, P, D>(
         self,
         store: St,
-        processor: SqlProcessor,
-        dead: DeadLetterSink,
+        processor: P,
+        dead: D,
+        rows: Option<sluice_sql::arrow::datatypes::SchemaRef>,
     ) -> Result<(), Exit>
     where
         St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
         <St as OffsetStore>::Error: Classify,
+        P: Processor,
+        P::Error: Classify,
+        D: Writes,
+        DiscardSink: Writes<P::Output>,
+        ConsoleSink: Writes<P::Output>,
+        KafkaSink: Writes<P::Output>,
+        CassandraSink: Writes<P::Output>,
+        JsonlSink: Writes<P::Output>,
     {
-        let schema = processor.output_schema();
         match self.settings.sink.clone() {
             SinkKind::Discard => {
                 self.run(store, processor, DiscardSink, dead, "discard".into())
@@ -420,7 +392,10 @@ impl Parts {
                 num_rows,
                 truncate,
             } => {
-                let sink = ConsoleSink::new(console_format(json)).with_table(num_rows, truncate);
+                let mut sink = ConsoleSink::new(console_format(json));
+                if rows.is_some() {
+                    sink = sink.with_table(num_rows, truncate);
+                }
                 self.run(store, processor, sink, dead, "console".into())
                     .await
             }
@@ -431,9 +406,11 @@ impl Parts {
             }
             SinkKind::Cassandra(config) => {
                 let description = format!("cassandra[{}.{}]", config.keyspace, config.table);
-                let sink = sluice_cassandra_store::CassandraSink::for_rows(config, &schema)
-                    .await
-                    .map_err(Exit::cassandra)?;
+                let sink = match &rows {
+                    Some(schema) => CassandraSink::for_rows(config, schema).await,
+                    None => CassandraSink::new(config).await,
+                }
+                .map_err(Exit::cassandra)?;
                 self.run(store, processor, sink, dead, description).await
             }
             SinkKind::Jsonl { path } => {
@@ -458,8 +435,8 @@ impl Parts {
         <St as OffsetStore>::Error: Classify,
         P: Processor,
         P::Error: Classify,
-        K: Sink<P::Output>,
-        D: Sink,
+        K: Writes<P::Output>,
+        D: Writes,
     {
         let sink = failpoint::WithFailpoint {
             inner: sink,
@@ -524,8 +501,8 @@ where
     <St as OffsetStore>::Error: Classify,
     P: Processor,
     P::Error: Classify,
-    K: Sink<P::Output>,
-    D: Sink,
+    K: Writes<P::Output>,
+    D: Writes,
 {
     let Parts {
         settings,
@@ -631,7 +608,10 @@ where
             status.record(json, batch_counts(progress));
         }
     };
-    let summary = query.run(stop, on_progress).await.map_err(Exit::executor)?;
+    let summary = query
+        .run(stop, on_progress)
+        .await
+        .map_err(|e| Exit::executor(e, K::is_fenced))?;
     tracing::info!(
         batches = summary.batches,
         records = summary.records,

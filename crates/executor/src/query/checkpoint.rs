@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use sluice_offsets::{
-    BatchId, OffsetStore, Processor, Sink, Source, StateFile, StateFileId, StateFileKind, StateGap,
-    StateStore, StatefulOperator, state_files_for, state_files_to_purge_in,
+    BatchId, OffsetStore, Processor, Source, StateFile, StateFileId, StateFileKind, StateGap,
+    StateStore, StatefulOperator, Writes, state_files_for, state_files_to_purge_in,
 };
 
 use super::{Query, QueryError, gave_up, micros, settle};
@@ -39,8 +39,8 @@ where
     Src: Source,
     Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
     Proc: Processor,
-    Snk: Sink<Proc::Output>,
-    Dead: Sink,
+    Snk: Writes<Proc::Output>,
+    Dead: Writes,
 {
     /// Whether the query keeps state between batches.
     pub(super) fn is_stateful(&mut self) -> bool {

@@ -36,8 +36,8 @@ where
     Src: Source,
     Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
     Proc: Processor,
-    Snk: Sink<Proc::Output>,
-    Dead: Sink,
+    Snk: Writes<Proc::Output>,
+    Dead: Writes,
 {
     /// Runs epochs of `interval` from batch `next`, which starts at `start`
     /// (or where a fresh query starts), until asked to stop.

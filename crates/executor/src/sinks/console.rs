@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
 
 use super::rows::{textual, write_rows_json};
 use super::{SinkError, write_record_json};
@@ -28,6 +28,9 @@ pub struct ConsoleSink {
     format: ConsoleFormat,
     num_rows: usize,
     truncate: bool,
+    /// Whether it shows rows as a table at each batch's end, rather than
+    /// records as they come.
+    table: bool,
     batch: Option<BatchId>,
     shown: Vec<RecordBatch>,
     shown_rows: usize,
@@ -54,6 +57,7 @@ impl ConsoleSink {
             format,
             num_rows: DEFAULT_NUM_ROWS,
             truncate: true,
+            table: false,
             batch: None,
             shown: Vec::new(),
             shown_rows: 0,
@@ -67,6 +71,7 @@ impl ConsoleSink {
     pub fn with_table(mut self, num_rows: usize, truncate: bool) -> ConsoleSink {
         self.num_rows = num_rows;
         self.truncate = truncate;
+        self.table = true;
         self
     }
 }
@@ -91,7 +96,12 @@ impl Sink for ConsoleSink {
         batch: BatchId,
         ranges: &[OffsetRange],
     ) -> Result<(), SinkError> {
-        if self.format == ConsoleFormat::Text {
+        if self.table {
+            self.batch = Some(batch);
+            self.shown.clear();
+            self.shown_rows = 0;
+            self.rows = 0;
+        } else if self.format == ConsoleFormat::Text {
             let offsets: u64 = ranges.iter().map(OffsetRange::len).sum();
             print(
                 format!("-------- batch {batch}: up to {offsets} records --------\n").as_bytes(),
@@ -100,6 +110,17 @@ impl Sink for ConsoleSink {
         Ok(())
     }
 
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), SinkError> {
+        if !self.table || self.format == ConsoleFormat::Json {
+            return Ok(());
+        }
+        let out = self.render(batch).map_err(SinkError::Rows)?;
+        self.shown.clear();
+        print(out.as_bytes())
+    }
+}
+
+impl Writes for ConsoleSink {
     async fn write(&mut self, records: &RecordChunk) -> Result<(), SinkError> {
         let mut out = Vec::new();
         for record in records {
@@ -130,21 +151,7 @@ fn text(bytes: Option<&[u8]>) -> String {
     }
 }
 
-impl Sink<RecordBatch> for ConsoleSink {
-    type Error = SinkError;
-
-    async fn begin_batch(
-        &mut self,
-        batch: BatchId,
-        _ranges: &[OffsetRange],
-    ) -> Result<(), SinkError> {
-        self.batch = Some(batch);
-        self.shown.clear();
-        self.shown_rows = 0;
-        self.rows = 0;
-        Ok(())
-    }
-
+impl Writes<RecordBatch> for ConsoleSink {
     async fn write(&mut self, rows: &RecordBatch) -> Result<(), SinkError> {
         if self.format == ConsoleFormat::Json {
             let mut out = Vec::new();
@@ -159,15 +166,6 @@ impl Sink<RecordBatch> for ConsoleSink {
             self.shown.push(kept);
         }
         Ok(())
-    }
-
-    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), SinkError> {
-        if self.format == ConsoleFormat::Json {
-            return Ok(());
-        }
-        let out = self.render(batch).map_err(SinkError::Rows)?;
-        self.shown.clear();
-        print(out.as_bytes())
     }
 }
 
@@ -264,11 +262,11 @@ mod tests {
     async fn a_batch_shows_its_first_rows_as_sparks_console_does() {
         let mut sink = ConsoleSink::new(ConsoleFormat::Text).with_table(3, true);
         let batch = BatchId(7);
-        Sink::<RecordBatch>::begin_batch(&mut sink, batch, &[])
-            .await
-            .unwrap();
+        Sink::begin_batch(&mut sink, batch, &[]).await.unwrap();
         for chunk in [rows(0, 2), rows(2, 2), rows(4, 1)] {
-            Sink::<RecordBatch>::write(&mut sink, &chunk).await.unwrap();
+            Writes::<RecordBatch>::write(&mut sink, &chunk)
+                .await
+                .unwrap();
         }
         let out = sink.render(batch).unwrap();
         assert!(out.starts_with("-------------------------------------------\nBatch: 7\n"));
@@ -277,10 +275,8 @@ mod tests {
         assert!(out.contains("only showing top 3 of 5 rows"), "{out}");
 
         let mut whole = ConsoleSink::new(ConsoleFormat::Text).with_table(10, false);
-        Sink::<RecordBatch>::begin_batch(&mut whole, batch, &[])
-            .await
-            .unwrap();
-        Sink::<RecordBatch>::write(&mut whole, &rows(0, 2))
+        Sink::begin_batch(&mut whole, batch, &[]).await.unwrap();
+        Writes::<RecordBatch>::write(&mut whole, &rows(0, 2))
             .await
             .unwrap();
         let out = whole.render(batch).unwrap();

@@ -1,7 +1,7 @@
 //! `discard`: a sink that keeps nothing, for measuring everything but the sink.
 
 use arrow::array::RecordBatch;
-use sluice_offsets::{RecordChunk, Sink};
+use sluice_offsets::{RecordChunk, Sink, Writes};
 
 use super::SinkError;
 
@@ -11,15 +11,15 @@ pub struct DiscardSink;
 
 impl Sink for DiscardSink {
     type Error = SinkError;
+}
 
+impl Writes for DiscardSink {
     async fn write(&mut self, _records: &RecordChunk) -> Result<(), SinkError> {
         Ok(())
     }
 }
 
-impl Sink<RecordBatch> for DiscardSink {
-    type Error = SinkError;
-
+impl Writes<RecordBatch> for DiscardSink {
     async fn write(&mut self, _rows: &RecordBatch) -> Result<(), SinkError> {
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink};
+use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
 
 use super::rows::write_rows_json;
 use super::{SinkError, write_record_json};
@@ -190,6 +190,12 @@ impl Sink for JsonlSink {
         self.begin(batch, ranges).await
     }
 
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), SinkError> {
+        self.finish(batch).await
+    }
+}
+
+impl Writes for JsonlSink {
     async fn write(&mut self, records: &RecordChunk) -> Result<(), SinkError> {
         self.append(|lines| {
             for record in records {
@@ -200,34 +206,12 @@ impl Sink for JsonlSink {
         })
         .await
     }
-
-    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), SinkError> {
-        self.finish(batch).await
-    }
 }
 
-impl Sink<RecordBatch> for JsonlSink {
-    type Error = SinkError;
-
-    fn is_transient(error: &SinkError) -> bool {
-        error.is_transient()
-    }
-
-    async fn begin_batch(
-        &mut self,
-        batch: BatchId,
-        ranges: &[OffsetRange],
-    ) -> Result<(), SinkError> {
-        self.begin(batch, ranges).await
-    }
-
+impl Writes<RecordBatch> for JsonlSink {
     async fn write(&mut self, rows: &RecordBatch) -> Result<(), SinkError> {
         self.append(|lines| write_rows_json(lines, rows).map_err(SinkError::Rows))
             .await
-    }
-
-    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), SinkError> {
-        self.finish(batch).await
     }
 }
 
