@@ -364,6 +364,49 @@ fn the_edges_make_one_attempt_per_call_and_leave_retries_to_the_executor() {
     }
 }
 
+#[test]
+fn every_retry_goes_through_the_executors_one_driver() {
+    // A retry is a loop around a call whose error it judges worth another
+    // attempt. The executor's driver (`retry.rs`) is the one place that does
+    // both; anywhere else, a function that loops and calls `is_transient(` or
+    // `is_fenced(` is a retry of its own, with or without a wait in it. Handing
+    // the judgement to the driver (`D::is_transient` as a value) is not a call.
+    let driver = root().join("crates/executor/src/retry.rs");
+    let mut own = Vec::new();
+    for dir in checked_crates() {
+        if !dir.starts_with(root().join("crates")) {
+            continue;
+        }
+        for file in rust_files(&dir.join("src")) {
+            if file == driver {
+                continue;
+            }
+            let code = non_test_code(&file);
+            for function in rust::functions(&code) {
+                let body = &code[function.body.clone()];
+                let loops = ["loop", "while", "for"]
+                    .iter()
+                    .any(|word| rust::has_word(body, word));
+                let judges = body.contains("is_transient(") || body.contains("is_fenced(");
+                if loops && judges {
+                    own.push(format!(
+                        "{}:{} fn {}",
+                        file.strip_prefix(root()).unwrap_or(&file).display(),
+                        function.line,
+                        function.name
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        own.is_empty(),
+        "functions that loop over a call and judge its errors, a retry outside the executor's \
+         driver (crates/executor/src/retry.rs: `drive!`, or `retrying!` in a query):\n{}",
+        own.join("\n")
+    );
+}
+
 /// The crates whose module graph and sizes the structure checks read: every
 /// library and binary under `crates/`, and xtask.
 fn checked_crates() -> Vec<PathBuf> {

@@ -14,7 +14,7 @@ use sluice_offsets::{
 use tokio::sync::watch;
 
 use crate::RetryPolicy;
-use crate::retry::{Attempt, Next, Tries};
+use crate::retry::{Driver, Failed, Tries};
 
 /// How often a member takes its partitions again before it gives up, when
 /// other members keep changing their rows meanwhile.
@@ -149,25 +149,19 @@ fn never_stopped() -> watch::Receiver<bool> {
     watch::channel(false).1
 }
 
-/// Awaits `$call` under the retry policy while it fails transiently: the
-/// call's result, or the name of the call when a stop ended the retrying. A
+/// Awaits `$call` through the one retry driver ([`Driver`]) while it fails
+/// transiently: the call's result or its last error, or the name of the call
+/// when a stop ended the retrying. A
 /// member's calls outside its generations are all short and safe to cut short,
 /// and its parts have answered before them.
 macro_rules! retried {
     ($policy:expr, $stop:expr, $what:expr, $transient:expr, $call:expr) => {{
-        let mut tries = Tries::new($policy, $what, true, false);
-        loop {
-            match tries.attempt($stop, $call).await {
-                Attempt::Done(Ok(value)) => break Ok(Ok(value)),
-                Attempt::Done(Err(e)) => {
-                    match tries.after_failure($stop, $transient(&e), &e).await {
-                        Next::Retry => {}
-                        Next::Permanent | Next::GiveUp(_) => break Ok(Err(e)),
-                        Next::Stopped => break Err($what),
-                    }
-                }
-                Attempt::Stopped | Attempt::TimedOut => break Err($what),
-            }
+        let tries = Tries::new($policy, $what, true, false);
+        let mut driver = Driver::new(tries, $stop.clone(), $transient);
+        match drive!(driver, $call) {
+            Ok(value) => Ok(Ok(value)),
+            Err(Failed::Error { error, .. }) => Ok(Err(error)),
+            Err(Failed::Stopped | Failed::TimedOut { .. }) => Err($what),
         }
     }};
 }

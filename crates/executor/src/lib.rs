@@ -22,11 +22,14 @@
 //! [`OffsetStore`]: sluice_offsets::OffsetStore
 //! [`Sink`]: sluice_offsets::Sink
 
+// First, for the driver's macro that the others use.
+#[macro_use]
+mod retry;
+
 mod error;
 mod group;
 mod progress;
 mod query;
-mod retry;
 pub mod sinks;
 mod trigger;
 

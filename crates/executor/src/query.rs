@@ -19,9 +19,12 @@ use crate::progress::{
     DurationMs, GroupProgress, QueryProgress, SinkProgress, SourceProgress, event_time_entry,
     offsets_value, source_metrics,
 };
-use crate::retry::{Attempt, GaveUp, Next, Part, Reached, Tries};
+use crate::retry::{Driver, Failed, GaveUp, Part, Reached, Tries};
 use crate::sinks::DiscardSink;
 use crate::{ExecutorError, Retried, RetryPolicy, Trigger};
+
+/// How a driven call of a [`Query`] over these parts ended without a value.
+type QueryFailed<Src, Store, Proc, Snk, Dead> = Failed<QueryError<Src, Store, Proc, Snk, Dead>>;
 
 /// The error of a [`Query`] over these parts.
 pub type QueryError<Src, Store, Proc, Snk, Dead> = ExecutorError<
@@ -32,39 +35,19 @@ pub type QueryError<Src, Store, Proc, Snk, Dead> = ExecutorError<
     <Dead as Sink>::Error,
 >;
 
-/// Awaits a call to `$part`, trying it again under the retry policy while it
-/// fails transiently. `$transient` judges an error; `$wrap` turns it into an
-/// `ExecutorError`. A stop request ends the retrying with `ExecutorError::Stopped`.
+/// Makes `$call`, an expression making a fresh future over the query's parts
+/// for each attempt, through the one retry driver under the query's policy:
+/// as a call to `$part`, retried while the part judges its error transient
+/// (or while `$retryable` says so), and with the first attempt inside a batch
+/// finished despite a stop request (or as `$in_batch` says).
 macro_rules! retrying {
-    ($self:ident, $part:expr, $what:expr, $call:expr, $transient:expr, $wrap:path) => {{
-        let mut tries = Tries::new(
-            $self.options.retry,
-            $what,
-            $self.reached.get($part),
-            $self.in_batch,
-        );
-        let mut last = None;
-        loop {
-            match tries.attempt(&mut $self.stop, $call).await {
-                Attempt::Done(Ok(value)) => {
-                    $self.reached.mark($part);
-                    break Ok(value);
-                }
-                Attempt::Done(Err(e)) => {
-                    let next = tries
-                        .after_failure(&mut $self.stop, $transient(&e), &e)
-                        .await;
-                    match settle(next, &tries, $wrap(e)) {
-                        Ok(retried) => last = Some(retried),
-                        Err(end) => break Err(end),
-                    }
-                }
-                Attempt::Stopped => break Err(ExecutorError::Stopped { what: $what }),
-                Attempt::TimedOut => {
-                    break Err(gave_up(&tries, tries.timed_out(), last));
-                }
-            }
-        }
+    ($self:ident, $part:expr, $what:expr, $call:expr) => {
+        retrying!($self, $part, $what, $self.in_batch, Self::transient, $call)
+    };
+    ($self:ident, $part:expr, $what:expr, $in_batch:expr, $retryable:expr, $call:expr) => {{
+        let mut driver = $self.driver($part, $what, $in_batch, $retryable);
+        let outcome = drive!(driver, $call);
+        $self.driven($part, $what, &driver, outcome)
     }};
 }
 
@@ -486,14 +469,9 @@ where
         summary: &mut RunSummary,
         on_progress: &mut (impl FnMut(&QueryProgress) + Send),
     ) -> Result<Recovered, QueryError<Src, Store, Proc, Snk, Dead>> {
-        let stored = retrying!(
-            self,
-            Part::Store,
-            "loading the offset store",
-            self.store.load(),
-            <Store as OffsetStore>::is_transient,
-            ExecutorError::Store
-        )?;
+        let stored = retrying!(self, Part::Store, "loading the offset store", async {
+            self.store.load().await.map_err(ExecutorError::Store)
+        })?;
         let recovery = stored
             .recovery()
             .map_err(|inconsistency| ExecutorError::Inconsistent {
@@ -645,20 +623,20 @@ where
                     self,
                     Part::Store,
                     "writing the commit and the next plan",
-                    self.store
-                        .write_commit_and_plan(&previous.commit, &planned.plan),
-                    <Store as OffsetStore>::is_transient,
-                    ExecutorError::Store
+                    async {
+                        self.store
+                            .write_commit_and_plan(&previous.commit, &planned.plan)
+                            .await
+                            .map_err(ExecutorError::Store)
+                    }
                 )?;
             } else if !planned.replay {
-                retrying!(
-                    self,
-                    Part::Store,
-                    "writing the plan",
-                    self.store.write_plan(&planned.plan),
-                    <Store as OffsetStore>::is_transient,
-                    ExecutorError::Store
-                )?;
+                retrying!(self, Part::Store, "writing the plan", async {
+                    self.store
+                        .write_plan(&planned.plan)
+                        .await
+                        .map_err(ExecutorError::Store)
+                })?;
             }
             planned.durations.wal_commit = micros(t.elapsed());
             let written = t.elapsed();
@@ -682,9 +660,12 @@ where
                     self,
                     Part::Sink,
                     "asking the sink whether it has the replayed batch",
-                    self.sink.delivered(batch, planned.plan.ranges()),
-                    Snk::is_transient,
-                    ExecutorError::Sink
+                    async {
+                        self.sink
+                            .delivered(batch, planned.plan.ranges())
+                            .await
+                            .map_err(ExecutorError::Sink)
+                    }
                 )?;
             let streamed = if delivered && !self.is_stateful() {
                 tracing::info!(
@@ -775,14 +756,12 @@ where
         summary: &mut RunSummary,
         on_progress: &mut (impl FnMut(&QueryProgress) + Send),
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        retrying!(
-            self,
-            Part::Store,
-            "writing the commit",
-            self.store.write_commit(&ended.commit),
-            <Store as OffsetStore>::is_transient,
-            ExecutorError::Store
-        )?;
+        retrying!(self, Part::Store, "writing the commit", async {
+            self.store
+                .write_commit(&ended.commit)
+                .await
+                .map_err(ExecutorError::Store)
+        })?;
         self.after_commit(ended, summary, on_progress).await?;
         self.in_batch = false;
         Ok(())
@@ -829,14 +808,12 @@ where
             tracing::warn!(error = %e, "committing progress to the consumer group failed");
         }
         if let Some(keep_from) = purge_due(batch, self.options.min_batches_to_retain) {
-            retrying!(
-                self,
-                Part::Store,
-                "purging old batches",
-                self.store.purge(keep_from),
-                <Store as OffsetStore>::is_transient,
-                ExecutorError::Store
-            )?;
+            retrying!(self, Part::Store, "purging old batches", async {
+                self.store
+                    .purge(keep_from)
+                    .await
+                    .map_err(ExecutorError::Store)
+            })?;
             self.purge_state(keep_from).await?;
         }
         planned.durations.commit_offsets = micros(t.elapsed().saturating_sub(waited));
@@ -864,16 +841,61 @@ where
         Ok(())
     }
 
+    /// A retry driver for a call to `part`, under the query's policy.
+    fn driver(
+        &self,
+        part: Part,
+        what: &'static str,
+        in_batch: bool,
+        retryable: fn(&QueryError<Src, Store, Proc, Snk, Dead>) -> bool,
+    ) -> Driver<QueryError<Src, Store, Proc, Snk, Dead>> {
+        let tries = Tries::new(self.options.retry, what, self.reached.get(part), in_batch);
+        Driver::new(tries, self.stop.clone(), retryable)
+    }
+
+    /// What a driven call to `part` came to: its value, with the part marked as
+    /// one that answered, or the error that ended it.
+    fn driven<T>(
+        &mut self,
+        part: Part,
+        what: &'static str,
+        driver: &Driver<QueryError<Src, Store, Proc, Snk, Dead>>,
+        outcome: Result<T, QueryFailed<Src, Store, Proc, Snk, Dead>>,
+    ) -> Result<T, QueryError<Src, Store, Proc, Snk, Dead>> {
+        let tries = driver.tries();
+        match outcome {
+            Ok(value) => {
+                self.reached.mark(part);
+                Ok(value)
+            }
+            Err(Failed::Error { error, why: None }) => Err(error),
+            Err(Failed::Error {
+                error,
+                why: Some(why),
+            }) => Err(gave_up(tries, why, Some(error))),
+            Err(Failed::TimedOut { last }) => Err(gave_up(tries, tries.timed_out(), last)),
+            Err(Failed::Stopped) => Err(ExecutorError::Stopped { what }),
+        }
+    }
+
+    /// Whether an error may go away by itself, as the part it came from judges
+    /// it.
+    fn transient(error: &QueryError<Src, Store, Proc, Snk, Dead>) -> bool {
+        match error {
+            ExecutorError::Source(e) => Src::is_transient(e),
+            ExecutorError::Store(e) => {
+                <Store as OffsetStore>::is_transient(e) || <Store as StateStore>::is_transient(e)
+            }
+            ExecutorError::Sink(e) => Snk::is_transient(e),
+            _ => false,
+        }
+    }
+
     /// Fences every earlier writer of the sink ([`Sink::take_over`]).
     async fn take_over_sink(&mut self) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        retrying!(
-            self,
-            Part::Sink,
-            "taking over the sink",
-            self.sink.take_over(),
-            Snk::is_transient,
-            ExecutorError::Sink
-        )
+        retrying!(self, Part::Sink, "taking over the sink", async {
+            self.sink.take_over().await.map_err(ExecutorError::Sink)
+        })
     }
 
     /// Confirms after a take-over that the store still names this runner, so
@@ -884,9 +906,7 @@ where
             self,
             Part::Store,
             "confirming that this runner holds the query",
-            self.store.check_claim(),
-            <Store as OffsetStore>::is_transient,
-            ExecutorError::Store
+            async { self.store.check_claim().await.map_err(ExecutorError::Store) }
         )
     }
 
@@ -896,14 +916,12 @@ where
         &mut self,
     ) -> Result<BTreeMap<TopicPartition, OffsetBounds>, QueryError<Src, Store, Proc, Snk, Dead>>
     {
-        retrying!(
-            self,
-            Part::Source,
-            "discovering partitions",
-            self.source.partitions(),
-            Src::is_transient,
-            ExecutorError::Source
-        )
+        retrying!(self, Part::Source, "discovering partitions", async {
+            self.source
+                .partitions()
+                .await
+                .map_err(ExecutorError::Source)
+        })
     }
 
     /// Where a query with nothing committed starts on `partitions`, from its
@@ -912,24 +930,23 @@ where
         &mut self,
         partitions: &BTreeMap<TopicPartition, OffsetBounds>,
     ) -> Result<PartitionOffsets, QueryError<Src, Store, Proc, Snk, Dead>> {
-        retrying!(
-            self,
-            Part::Source,
-            "resolving starting offsets",
+        retrying!(self, Part::Source, "resolving starting offsets", async {
             self.source
-                .starting_offsets(&self.options.starting, partitions),
-            Src::is_transient,
-            ExecutorError::Source
-        )
+                .starting_offsets(&self.options.starting, partitions)
+                .await
+                .map_err(ExecutorError::Source)
+        })
     }
 
     /// Streams the batch's records from the source through the processor into
     /// the sink, chunk by chunk. A read that fails transiently starts over, and the
     /// processor and sinks begin the batch again: reading a durable plan again is
-    /// safe, because it reads the same ranges.
+    /// safe, because it reads the same ranges. A sink that fails transiently gets
+    /// the batch again, and one that a runner which lost the query fenced on its
+    /// way out is taken over again, while the store still names this runner.
     ///
     /// Without `write`, the sink and the dead letters get nothing: the batch is
-    /// run for the processor's state alone.
+    /// only processed, to rebuild state the sink already has the output of.
     async fn stream(
         &mut self,
         plan: &BatchPlan,
@@ -937,117 +954,94 @@ where
         write: bool,
         mut early: Option<Src::Reader>,
     ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
-        let mut tries = Tries::new(
-            self.options.retry,
-            "writing the batch to the sink",
-            self.reached.get(Part::Sink),
-            true,
-        );
-        loop {
-            match self.stream_once(plan, durations, write, early.take()).await {
-                Ok(streamed) => {
-                    if write {
-                        self.reached.mark(Part::Sink);
-                    }
-                    return Ok(streamed);
-                }
-                // A runner that lost the query fenced the sink on its way out
-                // (its take-over came after ours, and its claim check stops it):
-                // while the store still names this runner, take the sink back.
-                Err(ExecutorError::Sink(e)) if Snk::is_fenced(&e) => {
-                    self.confirm_claim().await?;
-                    tracing::warn!(
-                        error = %e,
-                        "the sink was fenced, but this runner still holds the query: taking \
-                         the sink over again"
-                    );
-                    let next = tries.after_failure(&mut self.stop, true, &e).await;
-                    settle(next, &tries, ExecutorError::Sink(e))?;
-                    self.take_over_sink().await?;
-                }
-                Err(ExecutorError::Sink(e)) if Snk::is_transient(&e) => {
-                    let next = tries.after_failure(&mut self.stop, true, &e).await;
-                    settle(next, &tries, ExecutorError::Sink(e))?;
-                }
-                Err(other) => return Err(other),
+        let part = if write { Part::Sink } else { Part::Source };
+        let retryable = |e: &QueryError<Src, Store, Proc, Snk, Dead>| match e {
+            ExecutorError::Sink(e) => Snk::is_transient(e) || Snk::is_fenced(e),
+            _ => false,
+        };
+        let mut fenced = false;
+        let what = "writing the batch to the sink";
+        retrying!(self, part, what, true, retryable, async {
+            if std::mem::take(&mut fenced) {
+                self.confirm_claim().await?;
+                tracing::warn!(
+                    "the sink was fenced, but this runner still holds the query: taking the \
+                     sink over again"
+                );
+                self.take_over_sink().await?;
             }
-        }
+            let streamed = self.read_batch(plan, durations, write, early.take()).await;
+            fenced = matches!(&streamed, Err(ExecutorError::Sink(e)) if Snk::is_fenced(e));
+            streamed
+        })
     }
 
-    /// One attempt of [`Self::stream`], which retries it when the sink fails
-    /// transiently (a transaction it aborted).
-    async fn stream_once(
+    /// Reads the batch into the processor and the sink, starting over while the
+    /// source fails transiently.
+    async fn read_batch(
         &mut self,
         plan: &BatchPlan,
         durations: &mut DurationMs,
         write: bool,
         mut early: Option<Src::Reader>,
     ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
-        let batch = plan.id();
         let mut processed = Processed::default();
-        let mut tries = Tries::new(
-            self.options.retry,
+        let retryable = |e: &QueryError<Src, Store, Proc, Snk, Dead>| match e {
+            ExecutorError::Source(e) => Src::is_transient(e),
+            _ => false,
+        };
+        retrying!(
+            self,
+            Part::Source,
             "reading the batch",
-            self.reached.get(Part::Source),
             true,
-        );
-        loop {
-            let t = Instant::now();
-            self.begin_everywhere(batch, plan.metadata(), plan.ranges(), write)
-                .await?;
-            let mut reader = match early.take() {
-                Some(reader) => reader,
-                None => retrying!(
-                    self,
-                    Part::Source,
-                    "reading the batch",
-                    self.source.read(plan.ranges()),
-                    Src::is_transient,
-                    ExecutorError::Source
-                )?,
-            };
-            durations.get_batch = micros(t.elapsed());
-            let mut streamed = Streamed::default();
-            let failure = loop {
-                // A stop cuts short a read that is being retried, not the first.
-                let next = match tries.attempt(&mut self.stop, reader.next_chunk()).await {
-                    Attempt::Done(next) => next,
-                    Attempt::Stopped => {
-                        return Err(ExecutorError::Stopped { what: tries.what() });
-                    }
-                    Attempt::TimedOut => return Err(gave_up(&tries, tries.timed_out(), None)),
-                };
-                match next {
-                    Ok(Some(chunk)) => {
-                        self.process_chunk(chunk, &mut processed, &mut streamed, write)
-                            .await?;
-                    }
-                    Ok(None) => break None,
-                    Err(e) => break Some(e),
-                }
-            };
-            match failure {
-                None => {
-                    streamed.losses = reader.data_loss().to_vec();
-                    for loss in &streamed.losses {
-                        tracing::warn!(
-                            lost_offsets = loss.lost_offsets(),
-                            "{loss}; skipped while reading because fail_on_data_loss is false"
-                        );
-                    }
-                    self.finish_everywhere(batch, &mut streamed, durations, write)
-                        .await?;
-                    return Ok(streamed);
-                }
-                Some(e) => {
-                    drop(reader);
-                    let next = tries
-                        .after_failure(&mut self.stop, Src::is_transient(&e), &e)
-                        .await;
-                    settle(next, &tries, ExecutorError::Source(e))?;
-                }
+            retryable,
+            async {
+                self.read_once(plan, durations, write, early.take(), &mut processed)
+                    .await
             }
+        )
+    }
+
+    /// One attempt of [`Self::read_batch`]: begins the batch everywhere, reads
+    /// it to its end and finishes it everywhere.
+    async fn read_once(
+        &mut self,
+        plan: &BatchPlan,
+        durations: &mut DurationMs,
+        write: bool,
+        early: Option<Src::Reader>,
+        processed: &mut Processed<Proc::Output>,
+    ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
+        let batch = plan.id();
+        let t = Instant::now();
+        self.begin_everywhere(batch, plan.metadata(), plan.ranges(), write)
+            .await?;
+        let mut reader = match early {
+            Some(reader) => reader,
+            None => retrying!(self, Part::Source, "reading the batch", async {
+                self.source
+                    .read(plan.ranges())
+                    .await
+                    .map_err(ExecutorError::Source)
+            })?,
+        };
+        durations.get_batch = micros(t.elapsed());
+        let mut streamed = Streamed::default();
+        while let Some(chunk) = reader.next_chunk().await.map_err(ExecutorError::Source)? {
+            self.process_chunk(chunk, processed, &mut streamed, write)
+                .await?;
         }
+        streamed.losses = reader.data_loss().to_vec();
+        for loss in &streamed.losses {
+            tracing::warn!(
+                lost_offsets = loss.lost_offsets(),
+                "{loss}; skipped while reading because fail_on_data_loss is false"
+            );
+        }
+        self.finish_everywhere(batch, &mut streamed, durations, write)
+            .await?;
+        Ok(streamed)
     }
 
     /// Begins `batch` on the processor and, when it writes, on the sink and the
@@ -1230,31 +1224,6 @@ where
             .and_then(|(_, value)| value)
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_else(|| "no reason given".to_owned()),
-    }
-}
-
-/// The error of a call whose retries were given up, with the last error seen.
-/// What a failed attempt's [`Next`] leaves to the loop: `Ok(error)` back to
-/// try again after the wait, or the error to end with (`error` itself when
-/// permanent).
-#[allow(clippy::type_complexity)]
-fn settle<S, T, P, K, D>(
-    next: Next,
-    tries: &Tries,
-    error: ExecutorError<S, T, P, K, D>,
-) -> Result<ExecutorError<S, T, P, K, D>, ExecutorError<S, T, P, K, D>>
-where
-    S: std::error::Error + 'static,
-    T: std::error::Error + 'static,
-    P: std::error::Error + 'static,
-    K: std::error::Error + 'static,
-    D: std::error::Error + 'static,
-{
-    match next {
-        Next::Retry => Ok(error),
-        Next::Permanent => Err(error),
-        Next::GiveUp(why) => Err(gave_up(tries, why, Some(error))),
-        Next::Stopped => Err(ExecutorError::Stopped { what: tries.what() }),
     }
 }
 

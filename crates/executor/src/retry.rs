@@ -106,7 +106,7 @@ impl Reached {
 }
 
 /// How one attempt ended.
-pub(crate) enum Attempt<T> {
+enum Attempt<T> {
     /// The call returned.
     Done(T),
     /// A stop was requested while it was allowed to cut the attempt short.
@@ -116,7 +116,7 @@ pub(crate) enum Attempt<T> {
 }
 
 /// What to do after a failed attempt.
-pub(crate) enum Next {
+enum Next {
     /// Try again: the wait is over.
     Retry,
     /// The error is permanent: report it as it is.
@@ -175,7 +175,7 @@ impl Tries {
     }
 
     /// Runs one attempt, unless a stop request or the startup timeout ends it.
-    pub(crate) async fn attempt<F: Future>(
+    async fn attempt<F: Future>(
         &self,
         stop: &mut watch::Receiver<bool>,
         call: F,
@@ -191,7 +191,7 @@ impl Tries {
 
     /// After a failed attempt: waits for the next one, or says why not. The
     /// wait is logged with the error, and ends early on a stop request.
-    pub(crate) async fn after_failure(
+    async fn after_failure(
         &mut self,
         stop: &mut watch::Receiver<bool>,
         transient: bool,
@@ -230,6 +230,109 @@ impl Tries {
     pub(crate) fn timed_out(&self) -> GaveUp {
         GaveUp::StartupTimeout(self.policy.startup_timeout)
     }
+}
+
+/// How a driven call ended without a value.
+pub(crate) enum Failed<E> {
+    /// It failed for good: a permanent error, or the last one when the retries
+    /// were given up (`why`).
+    Error {
+        /// The last error.
+        error: E,
+        /// Why no further attempt was made; `None` for a permanent error.
+        why: Option<GaveUp>,
+    },
+    /// The startup timeout cut an attempt short; the error before it, if any.
+    TimedOut {
+        /// The error of the attempt before.
+        last: Option<E>,
+    },
+    /// A stop request ended the retrying.
+    Stopped,
+}
+
+/// The one retry driver: every call to a part of the query that may fail
+/// transiently is made through one, by [`drive!`], so that one policy decides
+/// how often and how patiently it is tried again, and nothing else in the
+/// executor loops over a failing call. The clients make one attempt per call.
+pub(crate) struct Driver<E> {
+    tries: Tries,
+    /// Its own handle on the stop request, so that the call may borrow the
+    /// query while the driver waits on it.
+    stop: watch::Receiver<bool>,
+    /// Which errors are worth another attempt: the part's own judgement.
+    retryable: fn(&E) -> bool,
+    /// The error of the attempt before, for a timeout's report.
+    last: Option<E>,
+}
+
+impl<E: Display + Sync> Driver<E> {
+    /// A driver for the tries of one call.
+    pub(crate) fn new(
+        tries: Tries,
+        stop: watch::Receiver<bool>,
+        retryable: fn(&E) -> bool,
+    ) -> Self {
+        Driver {
+            tries,
+            stop,
+            retryable,
+            last: None,
+        }
+    }
+
+    /// Runs one attempt, and after a failure the wait before the next: the
+    /// call's outcome, or `None` when it is to be made again.
+    pub(crate) async fn attempt<T>(
+        &mut self,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Option<Result<T, Failed<E>>> {
+        let error = match self.tries.attempt(&mut self.stop, call).await {
+            Attempt::Done(Ok(value)) => return Some(Ok(value)),
+            Attempt::Done(Err(error)) => error,
+            Attempt::Stopped => return Some(Err(Failed::Stopped)),
+            Attempt::TimedOut => {
+                return Some(Err(Failed::TimedOut {
+                    last: self.last.take(),
+                }));
+            }
+        };
+        let retryable = (self.retryable)(&error);
+        match self
+            .tries
+            .after_failure(&mut self.stop, retryable, &error)
+            .await
+        {
+            Next::Retry => {
+                self.last = Some(error);
+                None
+            }
+            Next::Permanent => Some(Err(Failed::Error { error, why: None })),
+            Next::GiveUp(why) => Some(Err(Failed::Error {
+                error,
+                why: Some(why),
+            })),
+            Next::Stopped => Some(Err(Failed::Stopped)),
+        }
+    }
+
+    /// The tries made, for a report of why they ended.
+    pub(crate) fn tries(&self) -> &Tries {
+        &self.tries
+    }
+}
+
+/// Makes the call `$call` (an expression making a fresh future, evaluated for
+/// each attempt) through the [`Driver`] `$driver` until it has an outcome.
+macro_rules! drive {
+    ($driver:expr, $call:expr) => {{
+        let driver = &mut $driver;
+        loop {
+            if let Some(outcome) = driver.attempt($call).await {
+                break outcome;
+            }
+        }
+    }};
 }
 
 /// Resolves once a stop is requested; never if the sender is gone.

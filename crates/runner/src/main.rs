@@ -6,6 +6,11 @@
 //! 3 data loss with `fail_on_data_loss = true`, 4 an unusable checkpoint (held by
 //! another runner, damaged or inconsistent), 130 a second interrupt.
 
+// A group-mode generation runs a whole query inside a future that must be
+// `Send`: its nested retried calls make a type deeper than the default limit
+// of 128 that the compiler follows while it lays the future out.
+#![recursion_limit = "256"]
+
 mod dead;
 mod exit;
 mod failpoint;

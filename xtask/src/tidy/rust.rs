@@ -233,6 +233,11 @@ fn word_starts(code: &str, word: &str) -> Vec<usize> {
         .collect()
 }
 
+/// Whether `code` uses `word` as a word, not as part of a longer name.
+pub fn has_word(code: &str, word: &str) -> bool {
+    !word_starts(code, word).is_empty()
+}
+
 /// Adds the paths a `use` tree names to `out`, each after `prefix`.
 fn expand_use_tree(prefix: &str, tree: &str, out: &mut Vec<String>) {
     let tree = tree.trim_start_matches("::");
@@ -341,6 +346,8 @@ pub struct Function {
     pub name: String,
     pub line: usize,
     pub lines: usize,
+    /// Where its body lies in the code, braces included.
+    pub body: std::ops::Range<usize>,
 }
 
 /// Every function with a body in `code` (already [`code_only`]), nested
@@ -367,7 +374,12 @@ pub fn functions(code: &str) -> Vec<Function> {
         };
         let line = code[..at].matches('\n').count() + 1;
         let lines = code[at..=close].matches('\n').count() + 1;
-        found.push(Function { name, line, lines });
+        found.push(Function {
+            name,
+            line,
+            lines,
+            body: open..close + 1,
+        });
     }
     found
 }

@@ -16,10 +16,10 @@ use sluice_offsets::{
     StateStore, StatefulOperator, Writes, state_files_for, state_files_to_purge_in,
 };
 
-use super::{Query, QueryError, gave_up, micros, settle};
+use super::{Query, QueryError, micros};
 use crate::ExecutorError;
 use crate::progress::StateOperatorProgress;
-use crate::retry::{Attempt, Part, Tries};
+use crate::retry::Part;
 
 /// What writing a batch's state took.
 #[derive(Default)]
@@ -129,14 +129,12 @@ where
         })?;
         let mut files = Vec::with_capacity(wanted.len());
         for id in wanted {
-            files.push(retrying!(
-                self,
-                Part::Store,
-                "reading state",
-                self.store.read_state(operator, id),
-                <Store as StateStore>::is_transient,
-                ExecutorError::Store
-            )?);
+            files.push(retrying!(self, Part::Store, "reading state", async {
+                self.store
+                    .read_state(operator, id)
+                    .await
+                    .map_err(ExecutorError::Store)
+            })?);
         }
         Ok(files)
     }
@@ -146,14 +144,12 @@ where
         &mut self,
         operator: u32,
     ) -> Result<Vec<StateFileId>, QueryError<Src, Store, Proc, Snk, Dead>> {
-        retrying!(
-            self,
-            Part::Store,
-            "listing state",
-            self.store.list_state(operator),
-            <Store as StateStore>::is_transient,
-            ExecutorError::Store
-        )
+        retrying!(self, Part::Store, "listing state", async {
+            self.store
+                .list_state(operator)
+                .await
+                .map_err(ExecutorError::Store)
+        })
     }
 
     /// Makes the finished batch's state durable, then commits it in each
@@ -170,14 +166,12 @@ where
         let t = Instant::now();
         let mut bytes = 0;
         for file in &files {
-            retrying!(
-                self,
-                Part::Store,
-                "writing state",
-                self.store.write_state(file),
-                <Store as StateStore>::is_transient,
-                ExecutorError::Store
-            )?;
+            retrying!(self, Part::Store, "writing state", async {
+                self.store
+                    .write_state(file)
+                    .await
+                    .map_err(ExecutorError::Store)
+            })?;
             bytes += file.bytes.len() as u64;
         }
         for operator in self.processor.stateful_operators() {
@@ -221,14 +215,13 @@ where
             }
         };
         for file in &files {
-            let stored: Result<(), QueryError<Src, Store, Proc, Snk, Dead>> = retrying!(
-                self,
-                Part::Store,
-                "writing a state snapshot",
-                self.store.write_state(file),
-                <Store as StateStore>::is_transient,
-                ExecutorError::Store
-            );
+            let stored: Result<(), QueryError<Src, Store, Proc, Snk, Dead>> =
+                retrying!(self, Part::Store, "writing a state snapshot", async {
+                    self.store
+                        .write_state(file)
+                        .await
+                        .map_err(ExecutorError::Store)
+                });
             match stored {
                 Ok(()) => written.snapshot_bytes += file.bytes.len() as u64,
                 Err(e) => tracing::warn!(
@@ -252,14 +245,12 @@ where
             let stored = self.stored_state(operator).await?;
             let old = state_files_to_purge_in(&stored, keep_from);
             if !old.is_empty() {
-                retrying!(
-                    self,
-                    Part::Store,
-                    "purging old state",
-                    self.store.remove_state(operator, &old),
-                    <Store as StateStore>::is_transient,
-                    ExecutorError::Store
-                )?;
+                retrying!(self, Part::Store, "purging old state", async {
+                    self.store
+                        .remove_state(operator, &old)
+                        .await
+                        .map_err(ExecutorError::Store)
+                })?;
             }
         }
         Ok(())

@@ -87,34 +87,20 @@ where
         deadline: Instant,
         idle: &mut IdleBackoff,
     ) -> Result<Epoch, QueryError<Src, Store, Proc, Snk, Dead>> {
-        let mut tries = Tries::new(
-            self.options.retry,
-            "reading the epoch",
-            self.reached.get(Part::Source),
-            true,
-        );
-        loop {
-            match self
-                .read_epoch_once(batch, start.clone(), deadline, idle)
+        let retryable = |e: &QueryError<Src, Store, Proc, Snk, Dead>| match e {
+            ExecutorError::Source(e) => Src::is_transient(e),
+            ExecutorError::Sink(e) => Snk::is_transient(e),
+            _ => false,
+        };
+        let what = "reading the epoch";
+        let epoch = retrying!(self, Part::Source, what, true, retryable, async {
+            self.read_epoch_once(batch, start.clone(), deadline, idle)
                 .await
-            {
-                Ok(epoch) => {
-                    if matches!(epoch, Epoch::Read(_)) {
-                        self.reached.mark(Part::Sink);
-                    }
-                    return Ok(epoch);
-                }
-                Err(ExecutorError::Source(e)) if Src::is_transient(&e) => {
-                    let next = tries.after_failure(&mut self.stop, true, &e).await;
-                    settle(next, &tries, ExecutorError::Source(e))?;
-                }
-                Err(ExecutorError::Sink(e)) if Snk::is_transient(&e) => {
-                    let next = tries.after_failure(&mut self.stop, true, &e).await;
-                    settle(next, &tries, ExecutorError::Sink(e))?;
-                }
-                Err(other) => return Err(other),
-            }
+        })?;
+        if matches!(epoch, Epoch::Read(_)) {
+            self.reached.mark(Part::Sink);
         }
+        Ok(epoch)
     }
 
     async fn read_epoch_once(
@@ -172,14 +158,12 @@ where
                     begun = true;
                 }
                 let t = Instant::now();
-                let mut reader = retrying!(
-                    self,
-                    Part::Source,
-                    "reading the epoch",
-                    self.source.read(&ranges),
-                    Src::is_transient,
-                    ExecutorError::Source
-                )?;
+                let mut reader = retrying!(self, Part::Source, "reading the epoch", async {
+                    self.source
+                        .read(&ranges)
+                        .await
+                        .map_err(ExecutorError::Source)
+                })?;
                 durations.get_batch += micros(t.elapsed());
                 while let Some(chunk) = reader.next_chunk().await.map_err(ExecutorError::Source)? {
                     self.process_chunk(chunk, &mut processed, &mut streamed, true)
@@ -273,14 +257,12 @@ where
             }
         })?;
         let t = Instant::now();
-        retrying!(
-            self,
-            Part::Store,
-            "writing the plan",
-            self.store.write_plan(&plan),
-            <Store as OffsetStore>::is_transient,
-            ExecutorError::Store
-        )?;
+        retrying!(self, Part::Store, "writing the plan", async {
+            self.store
+                .write_plan(&plan)
+                .await
+                .map_err(ExecutorError::Store)
+        })?;
         durations.wal_commit = micros(t.elapsed());
         match self
             .finish_everywhere(batch, &mut streamed, &mut durations, true)
