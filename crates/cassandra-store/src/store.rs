@@ -184,9 +184,73 @@ pub struct CassandraStore {
     /// A conditional write whose outcome is unknown (it timed out, or Cassandra
     /// went away): if it did apply, its retry finds the entry already there.
     uncertain: Option<(&'static str, BatchId)>,
+    /// A commit held to be written with the next plan
+    /// ([`OffsetStore::hold_commit`]).
+    held: Option<BatchCommit>,
 }
 
 impl CassandraStore {
+    /// One conditional batch: Cassandra runs both updates in one lightweight
+    /// transaction, since they share the query's partition, and applies both
+    /// or neither.
+    async fn write_joined(
+        &mut self,
+        commit: &BatchCommit,
+        plan: &BatchPlan,
+    ) -> Result<(), CassandraStoreError> {
+        let (batch, next) = (commit.id, plan.id());
+        if next != batch.next() {
+            return Err(CassandraStoreError::NotConsecutive {
+                query: self.location.query.clone(),
+                commit: batch.0,
+                plan: next.0,
+            });
+        }
+        if self.uncertain == Some(("commit and plan", next)) {
+            let stored = self.load().await?;
+            if stored.latest_plan.as_ref() == Some(plan) && stored.committed.contains(&batch) {
+                // The write whose answer was lost did apply. The offsets table
+                // waits for the next commit: the committed plan is no longer the
+                // newest, so the log does not hand it back whole.
+                self.uncertain = None;
+                self.last_plan = Some(plan.clone());
+                return Ok(());
+            }
+        }
+        let committed_plan = self.plan_to_commit(batch, false).await?;
+        let values = (self.commit_values(commit), self.plan_values(plan));
+        let result = match self.session.batch(&self.commit_and_plan, values).await {
+            Ok(result) => result,
+            Err(e) => {
+                let entries = format!(
+                    "{} with {}",
+                    self.entry("commit", batch),
+                    self.entry("plan", next)
+                );
+                return Err(self.unanswered(("commit and plan", next), entries, e));
+            }
+        };
+        let (done, epoch) = applied(result)?;
+        let retried = self.uncertain.take() == Some(("commit and plan", next));
+        if !done {
+            // A retry of a write that did apply finds both entries: that is success.
+            let ours = epoch.is_none_or(|e| e == self.epoch);
+            let found = if retried && ours {
+                let stored = self.load().await?;
+                stored.latest_plan.as_ref() == Some(plan)
+                    && stored.latest_commit.as_ref().map(|c| c.id) == Some(batch)
+            } else {
+                false
+            };
+            if !found {
+                return Err(self.refused("commit", batch, epoch).await);
+            }
+        }
+        self.last_plan = Some(plan.clone());
+        self.committed(batch, &committed_plan).await;
+        Ok(())
+    }
+
     /// Connects, checks or creates the schema, and claims the query by raising
     /// its epoch. From then on, a runner that claims it later fences this one out.
     pub async fn open(
@@ -319,6 +383,7 @@ impl CassandraStore {
             unmirrored: None,
             mirrored_at: None,
             uncertain: None,
+            held: None,
         })
     }
 
@@ -857,6 +922,11 @@ impl OffsetStore for CassandraStore {
     }
 
     async fn write_plan(&mut self, plan: &BatchPlan) -> Result<(), CassandraStoreError> {
+        if let Some(commit) = self.held.clone() {
+            self.write_joined(&commit, plan).await?;
+            self.held = None;
+            return Ok(());
+        }
         let batch = plan.id();
         let values = self.plan_values(plan);
         if batch == BatchId::FIRST {
@@ -923,69 +993,19 @@ impl OffsetStore for CassandraStore {
         Ok(())
     }
 
-    /// One conditional batch: Cassandra runs both updates in one lightweight
-    /// transaction, since they share the query's partition, and applies both
-    /// or neither.
-    async fn write_commit_and_plan(
-        &mut self,
-        commit: &BatchCommit,
-        plan: &BatchPlan,
-    ) -> Result<(), CassandraStoreError> {
-        let (batch, next) = (commit.id, plan.id());
-        if next != batch.next() {
-            return Err(CassandraStoreError::NotConsecutive {
-                query: self.location.query.clone(),
-                commit: batch.0,
-                plan: next.0,
-            });
-        }
-        if self.uncertain == Some(("commit and plan", next)) {
-            let stored = self.load().await?;
-            if stored.latest_plan.as_ref() == Some(plan) && stored.committed.contains(&batch) {
-                // The write whose answer was lost did apply. The offsets table
-                // waits for the next commit: the committed plan is no longer the
-                // newest, so the log does not hand it back whole.
-                self.uncertain = None;
-                self.last_plan = Some(plan.clone());
-                return Ok(());
-            }
-        }
-        let committed_plan = self.plan_to_commit(batch, false).await?;
-        let values = (self.commit_values(commit), self.plan_values(plan));
-        let result = match self.session.batch(&self.commit_and_plan, values).await {
-            Ok(result) => result,
-            Err(e) => {
-                let entries = format!(
-                    "{} with {}",
-                    self.entry("commit", batch),
-                    self.entry("plan", next)
-                );
-                return Err(self.unanswered(("commit and plan", next), entries, e));
-            }
-        };
-        let (done, epoch) = applied(result)?;
-        let retried = self.uncertain.take() == Some(("commit and plan", next));
-        if !done {
-            // A retry of a write that did apply finds both entries: that is success.
-            let ours = epoch.is_none_or(|e| e == self.epoch);
-            let found = if retried && ours {
-                let stored = self.load().await?;
-                stored.latest_plan.as_ref() == Some(plan)
-                    && stored.latest_commit.as_ref().map(|c| c.id) == Some(batch)
-            } else {
-                false
-            };
-            if !found {
-                return Err(self.refused("commit", batch, epoch).await);
-            }
-        }
-        self.last_plan = Some(plan.clone());
-        self.committed(batch, &committed_plan).await;
-        Ok(())
+    /// Holds the commit for the next plan: writing both costs one lightweight
+    /// transaction instead of two.
+    fn hold_commit(&mut self, commit: &BatchCommit) -> bool {
+        self.held = Some(commit.clone());
+        true
     }
 
-    fn joins_commit_and_plan(&self) -> bool {
-        true
+    async fn settle(&mut self) -> Result<(), CassandraStoreError> {
+        if let Some(commit) = self.held.clone() {
+            OffsetStore::write_commit(self, &commit).await?;
+            self.held = None;
+        }
+        Ok(())
     }
 
     async fn flush(&mut self) -> Result<(), CassandraStoreError> {

@@ -190,9 +190,10 @@ pub struct Query<Src, Store, Snk, Proc = PassThrough, Dead = DiscardSink> {
     in_batch: bool,
     /// Whether a run ends after its recovery ([`Query::recovery_only`]).
     recovery_only: bool,
-    /// A batch whose commit waits to be written with the next batch's plan
-    /// ([`OffsetStore::write_commit_and_plan`]), when that follows at once.
-    pending: Option<EndedBatch>,
+    /// A batch whose commit the store holds, to write it with the next batch's
+    /// plan ([`OffsetStore::hold_commit`]); its progress is reported once that
+    /// write is done.
+    held: Option<EndedBatch>,
 }
 
 /// What one batch read, wrote and met.
@@ -302,7 +303,7 @@ where
             stop: watch::channel(false).1,
             reached: Reached::default(),
             in_batch: false,
-            pending: None,
+            held: None,
             recovery_only: false,
         }
     }
@@ -338,8 +339,8 @@ where
         let mut result = self.run_batches(&mut summary, &mut on_progress).await;
         // A commit held for a next plan that did not come is written alone, also
         // when planning failed: the batch reached its sink.
-        if self.pending.is_some() {
-            let settled = self.settle_pending(&mut summary, &mut on_progress).await;
+        if self.held.is_some() {
+            let settled = self.settle_held(&mut summary, &mut on_progress).await;
             match (&result, settled) {
                 (_, Ok(())) => {}
                 (Ok(()), Err(e)) => result = Err(e),
@@ -429,7 +430,7 @@ where
             if !self.runs_now(&reach, since_last, last_watermark) {
                 let available = reach.available();
                 start = Some(reach.from);
-                self.settle_pending(summary, on_progress).await?;
+                self.settle_held(summary, on_progress).await?;
                 if available == 0 && self.options.trigger.stops_when_caught_up() {
                     break;
                 }
@@ -604,7 +605,7 @@ where
                 // A replay's plan is already stored: nothing to write it with.
                 // Boxed, as the other commit paths below: the nested batch
                 // futures otherwise outgrow the compiler's type depth limit.
-                Box::pin(self.settle_pending(summary, on_progress)).await?;
+                Box::pin(self.settle_held(summary, on_progress)).await?;
             }
             self.in_batch = true;
             // The read starts while the plan is written, so that the source can
@@ -617,20 +618,9 @@ where
                 early = self.source.read(planned.plan.ranges()).await.ok();
             }
             let t = Instant::now();
-            let previous = self.pending.take();
-            if let Some(previous) = &previous {
-                retrying!(
-                    self,
-                    Part::Store,
-                    "writing the commit and the next plan",
-                    async {
-                        self.store
-                            .write_commit_and_plan(&previous.commit, &planned.plan)
-                            .await
-                            .map_err(ExecutorError::Store)
-                    }
-                )?;
-            } else if !planned.replay {
+            // A commit the store holds goes with this plan, in the same write.
+            let previous = self.held.take();
+            if !planned.replay {
                 retrying!(self, Part::Store, "writing the plan", async {
                     self.store
                         .write_plan(&planned.plan)
@@ -686,8 +676,8 @@ where
             planned.durations.add_batch =
                 micros(t.elapsed()).saturating_sub(planned.durations.get_batch);
             let ended = self.end_batch(planned, streamed).await?;
-            if self.holds_commits() {
-                self.pending = Some(ended);
+            if self.batches_follow_at_once() && self.store.hold_commit(&ended.commit) {
+                self.held = Some(ended);
                 return Ok(());
             }
             Box::pin(self.write_commit(ended, summary, on_progress)).await
@@ -736,12 +726,11 @@ where
         })
     }
 
-    /// Whether a batch's commit waits for the next batch's plan, to be written
-    /// with it: when the store joins them cheaply and the next batch, if there
-    /// is data, starts at once. Any other way on writes the commit alone.
-    fn holds_commits(&self) -> bool {
-        self.store.joins_commit_and_plan()
-            && !self.recovery_only
+    /// Whether the next batch, if there is data, starts at once, so that a
+    /// store may hold a batch's commit to write it with the next plan
+    /// ([`OffsetStore::hold_commit`]). Any other way on writes the commit alone.
+    fn batches_follow_at_once(&self) -> bool {
+        !self.recovery_only
             && match self.options.trigger {
                 Trigger::AvailableNow => true,
                 Trigger::ProcessingTime(interval) => interval.is_zero(),
@@ -767,17 +756,23 @@ where
         Ok(())
     }
 
-    /// Writes the commit that waits for the next plan, alone: no batch follows
-    /// at once (the query is idle, stops, or failed while planning).
-    async fn settle_pending(
+    /// Has the store write the commit it holds for the next plan alone: no
+    /// batch follows at once (the query is idle, stops, or failed while
+    /// planning).
+    async fn settle_held(
         &mut self,
         summary: &mut RunSummary,
         on_progress: &mut (impl FnMut(&QueryProgress) + Send),
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        match self.pending.take() {
-            Some(ended) => self.write_commit(ended, summary, on_progress).await,
-            None => Ok(()),
-        }
+        let Some(ended) = self.held.take() else {
+            return Ok(());
+        };
+        retrying!(self, Part::Store, "writing the commit", async {
+            self.store.settle().await.map_err(ExecutorError::Store)
+        })?;
+        self.after_commit(ended, summary, on_progress).await?;
+        self.in_batch = false;
+        Ok(())
     }
 
     /// What follows a durable commit: snapshots, the consumer group's offsets,

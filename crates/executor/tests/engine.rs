@@ -207,6 +207,8 @@ struct MemStore {
     plan_delay: Arc<Mutex<Duration>>,
     /// Whether a commit is written with the next plan, as the Cassandra store does.
     joins: bool,
+    /// The commit it holds for the next plan.
+    held: Arc<Mutex<Option<BatchCommit>>>,
     /// The plan and commit writes, in order: "plan 0", "commit 0 + plan 1", "commit 1".
     writes: Arc<Mutex<Vec<String>>>,
 }
@@ -258,6 +260,22 @@ impl OffsetStore for MemStore {
     async fn write_plan(&mut self, plan: &BatchPlan) -> Result<(), TestError> {
         let delay = *self.plan_delay.lock().unwrap();
         tokio::time::sleep(delay).await;
+        if let Some(commit) = self.held.lock().unwrap().take() {
+            assert!(
+                self.plans.lock().unwrap().contains_key(&commit.id),
+                "a commit follows its plan"
+            );
+            self.insert_plan(plan)?;
+            self.commits
+                .lock()
+                .unwrap()
+                .insert(commit.id, commit.clone());
+            self.writes
+                .lock()
+                .unwrap()
+                .push(format!("commit {} + plan {}", commit.id, plan.id()));
+            return Ok(());
+        }
         self.insert_plan(plan)?;
         self.writes
             .lock()
@@ -278,30 +296,19 @@ impl OffsetStore for MemStore {
         Ok(())
     }
 
-    async fn write_commit_and_plan(
-        &mut self,
-        commit: &BatchCommit,
-        plan: &BatchPlan,
-    ) -> Result<(), TestError> {
-        assert!(self.joins, "only a store that joins them is asked to");
-        assert!(
-            self.plans.lock().unwrap().contains_key(&commit.id),
-            "a commit follows its plan"
-        );
-        self.insert_plan(plan)?;
-        self.commits
-            .lock()
-            .unwrap()
-            .insert(commit.id, commit.clone());
-        self.writes
-            .lock()
-            .unwrap()
-            .push(format!("commit {} + plan {}", commit.id, plan.id()));
-        Ok(())
+    fn hold_commit(&mut self, commit: &BatchCommit) -> bool {
+        if self.joins {
+            *self.held.lock().unwrap() = Some(commit.clone());
+        }
+        self.joins
     }
 
-    fn joins_commit_and_plan(&self) -> bool {
-        self.joins
+    async fn settle(&mut self) -> Result<(), TestError> {
+        let held = self.held.lock().unwrap().take();
+        match held {
+            Some(commit) => self.write_commit(&commit).await,
+            None => Ok(()),
+        }
     }
 
     async fn purge(&mut self, keep_from: BatchId) -> Result<(), TestError> {

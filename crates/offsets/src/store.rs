@@ -47,7 +47,9 @@ pub trait OffsetStore: Send {
     /// Reads the ids of all stored plans and commits, and the newest of each.
     fn load(&mut self) -> impl Future<Output = Result<StoredBatches, Self::Error>> + Send;
 
-    /// Durably records the plan of a batch before anything of it is read.
+    /// Durably records the plan of a batch before anything of it is read, with
+    /// the commit the store holds ([`OffsetStore::hold_commit`]), if any, in
+    /// the same write.
     fn write_plan(
         &mut self,
         plan: &BatchPlan,
@@ -59,30 +61,25 @@ pub trait OffsetStore: Send {
         commit: &BatchCommit,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// Durably records a batch's commit and the next batch's plan as one write:
-    /// both or neither. The executor calls it, when [`joins_commit_and_plan`]
-    /// says so, for batches that follow one another at once. The default writes
-    /// the commit, then the plan.
-    ///
-    /// [`joins_commit_and_plan`]: OffsetStore::joins_commit_and_plan
-    fn write_commit_and_plan(
-        &mut self,
-        commit: &BatchCommit,
-        plan: &BatchPlan,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        async move {
-            self.write_commit(commit).await?;
-            self.write_plan(plan).await
-        }
+    /// Offers a batch's commit to be written with the next batch's plan, in one
+    /// write: both or neither. The executor offers it when the next batch
+    /// starts at once. A store for which that costs clearly less than two
+    /// writes (one round trip to a database instead of two) holds it and says
+    /// so; its next `write_plan` then writes both, or `settle` the commit alone
+    /// when no plan follows at once, and the commit is durable only then. The
+    /// default holds nothing, and the executor writes the commit alone.
+    fn hold_commit(&mut self, commit: &BatchCommit) -> bool {
+        let _ = commit;
+        false
     }
 
-    /// Whether [`write_commit_and_plan`] costs clearly less than the two writes
-    /// apart (one round trip to a database instead of two), so that holding a
-    /// commit until the next plan is worth it. The default says no.
+    /// Writes the commit that [`hold_commit`] holds, alone: no plan follows at
+    /// once (the query is idle, stops, or failed while planning). The default
+    /// holds nothing to write.
     ///
-    /// [`write_commit_and_plan`]: OffsetStore::write_commit_and_plan
-    fn joins_commit_and_plan(&self) -> bool {
-        false
+    /// [`hold_commit`]: OffsetStore::hold_commit
+    fn settle(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
     }
 
     /// Removes plans and commits of batches before `keep_from`.
