@@ -88,206 +88,235 @@ pub enum OffsetsCommand {
 
 pub async fn run(command: OffsetsCommand) -> Result<(), Exit> {
     match command {
-        OffsetsCommand::Show { checkpoint } => {
-            let location = Location::parse(&checkpoint)?;
-            if let Some((cassandra, directory)) = location.group_mode().await? {
-                let report = offsets_group::show(&checkpoint, cassandra, &directory).await?;
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                );
-                return Ok(());
-            }
-            let (id, stored) = location
-                .inspect()
-                .await?
-                .ok_or_else(|| Exit::config(anyhow!("{checkpoint} holds no query")))?;
-            let mut report = report(&checkpoint, &id, &stored);
-            let state = location.inspect_state().await?;
-            if !state.is_empty() {
-                report["state"] = state_report(&stored, &state);
-            }
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).unwrap_or_default()
-            );
-            Ok(())
-        }
+        OffsetsCommand::Show { checkpoint } => show(checkpoint).await,
         OffsetsCommand::Set {
             checkpoint,
             config,
             offsets,
             replication,
             reset_state,
-        } => {
-            let target = offsets_from_json(&offsets)
-                .context("--offsets must be Spark's offset JSON, like {\"events\":{\"0\":23}}")
-                .map_err(Exit::config)?;
-            let location = Location::parse(&checkpoint)?;
-            if let Some((cassandra, directory)) = location.group_mode().await? {
-                return offsets_group::set(
-                    &checkpoint,
-                    cassandra,
-                    &directory,
-                    &target,
-                    config.as_deref(),
-                )
-                .await;
-            }
-            let Some((_, before)) = location.inspect().await? else {
-                return Err(Exit::config(anyhow!("{checkpoint} holds no query")));
-            };
-            let state: Vec<StateFileId> = location
-                .inspect_state()
-                .await?
-                .into_iter()
-                .map(|(f, _)| f)
-                .collect();
-            let stateful = !state.is_empty();
-            if stateful && !reset_state {
-                return Err(Exit::config(anyhow!(
-                    "{checkpoint} holds a stateful query, whose state was built from the offsets it \
-                     read: moving the offsets alone would make them disagree; add --reset-state to \
-                     start the state empty at the new offsets"
-                )));
-            }
-            let mut store = location.open(None, replication).await?;
-            let next = store.move_to(&target).await?;
-            if stateful {
-                // The moved-to batch's state is empty, in the partitions the
-                // state has: the next batch starts from it.
-                let last = before.latest_commit.map(|c| c.id);
-                for partition in 0..stored_partitions(&state, last) {
-                    store
-                        .write_state(&StateFile {
-                            operator: 0,
-                            partition,
-                            version: next,
-                            kind: StateFileKind::Snapshot,
-                            bytes: Vec::new(),
-                            location: String::new(),
-                        })
-                        .await?;
-                }
-            }
-            println!(
-                "{checkpoint}: the next batch ({}) starts at {}",
-                next.next(),
-                offsets_to_json(&target)
-            );
-            Ok(())
-        }
+        } => set(checkpoint, config, offsets, replication, reset_state).await,
         OffsetsCommand::Migrate {
             from,
             to,
             force,
             replication,
-        } => {
-            let (id, stored) = Location::parse(&from)?.inspect().await?.ok_or_else(|| {
-                Exit::config(anyhow!("nothing to migrate: {from} holds no query"))
-            })?;
-            let latest = match stored.recovery() {
-                Ok(Recovery::RunNext { .. }) => stored.latest_plan.clone(),
-                Ok(Recovery::Replay { batch }) => {
-                    return Err(Exit::checkpoint_state(anyhow!(
-                        "batch {batch} is planned but not committed in {from}; run the query so it \
-                         finishes that batch, then migrate"
-                    )));
-                }
-                Ok(Recovery::StartFresh) => None,
-                Err(e) => {
-                    return Err(Exit::checkpoint_state(anyhow!(
-                        "{from} is inconsistent: {e}"
-                    )));
-                }
-            };
-            let latest = latest.ok_or_else(|| {
-                Exit::config(anyhow!("nothing to migrate: {from} has no committed batch"))
-            })?;
-            let target = Location::parse(&to)?;
-            let existing = target.inspect().await?;
-            let target_is_empty = existing
-                .as_ref()
-                .is_none_or(|(_, s)| s.planned.is_empty() && s.committed.is_empty());
-            if !target_is_empty && !force {
-                return Err(Exit::config(anyhow!(
-                    "{to} already holds batches of query {}; refusing to write into it without --force",
-                    existing.map(|(id, _)| id).unwrap_or_default()
-                )));
-            }
-            let mut store = target.open(Some(&id), replication).await?;
-            // The state the next batch starts from goes along: the files that
-            // rebuild the last committed batch's version.
-            let source_state = Location::parse(&from)?.inspect_state().await?;
-            if !source_state.is_empty() {
-                let listed: Vec<StateFileId> = source_state.iter().map(|(f, _)| *f).collect();
-                let partitions = stored_partitions(&listed, Some(latest.id()));
-                let wanted = state_files_for(&listed, partitions, latest.id()).map_err(|gap| {
-                    Exit::checkpoint_state(anyhow!(
-                        "{from}: the state of batch {} cannot be rebuilt: {gap:?}",
-                        latest.id()
-                    ))
-                })?;
-                let mut source = Location::parse(&from)?.open(None, None).await?;
-                for id in wanted {
-                    let file = source.read_state(id).await?;
-                    store.write_state(&file).await?;
-                }
-            }
-            if target_is_empty {
-                // The same batch, so the numbering goes on where it was.
-                store.write_plan(&latest).await?;
-                // The commit's watermark goes along too: the next batch runs
-                // under it, as it would have where the query was.
-                let next_watermark_ms = stored
-                    .latest_commit
-                    .as_ref()
-                    .map_or(0, |c| c.next_watermark_ms);
-                store
-                    .write_commit(&BatchCommit {
-                        id: latest.id(),
-                        next_watermark_ms,
-                    })
-                    .await?;
-            } else {
-                store.move_to(&latest.end_offsets()).await?;
-            }
-            println!(
-                "migrated query {id} from {from} to {to}: the next batch starts at {}",
-                offsets_to_json(&latest.end_offsets())
-            );
-            Ok(())
-        }
+        } => migrate(from, to, force, replication).await,
         OffsetsCommand::Import {
             checkpoint,
             cassandra_nodes,
             cassandra_table,
             replication,
-        } => {
-            let offsets = read_offsets_table(&cassandra_nodes, &cassandra_table).await?;
-            if offsets.is_empty() {
-                return Err(Exit::config(anyhow!(
-                    "{cassandra_table} holds no offsets to import"
-                )));
-            }
-            let location = Location::parse(&checkpoint)?;
-            if !location.inspect_state().await?.is_empty() {
-                return Err(Exit::config(anyhow!(
-                    "{checkpoint} holds a stateful query, whose state must agree with its offsets; \
-                     use `sluice offsets set --reset-state` with the imported offsets instead"
-                )));
-            }
-            let mut store = location.open(None, replication).await?;
-            let next = store.move_to(&offsets).await?;
-            println!(
-                "imported {} partitions from {cassandra_table}: batch {} of {checkpoint} starts at {}",
-                offsets.len(),
-                next.next(),
-                offsets_to_json(&offsets)
-            );
-            Ok(())
+        } => import(checkpoint, cassandra_nodes, cassandra_table, replication).await,
+    }
+}
+
+/// `sluice offsets show`: the query's batches, offsets and state, as JSON.
+async fn show(checkpoint: String) -> Result<(), Exit> {
+    let location = Location::parse(&checkpoint)?;
+    if let Some((cassandra, directory)) = location.group_mode().await? {
+        let report = offsets_group::show(&checkpoint, cassandra, &directory).await?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    let (id, stored) = location
+        .inspect()
+        .await?
+        .ok_or_else(|| Exit::config(anyhow!("{checkpoint} holds no query")))?;
+    let mut report = report(&checkpoint, &id, &stored);
+    let state = location.inspect_state().await?;
+    if !state.is_empty() {
+        report["state"] = state_report(&stored, &state);
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// `sluice offsets set`: the next batch starts at `offsets`.
+async fn set(
+    checkpoint: String,
+    config: Option<PathBuf>,
+    offsets: String,
+    replication: Option<String>,
+    reset_state: bool,
+) -> Result<(), Exit> {
+    let target = offsets_from_json(&offsets)
+        .context("--offsets must be Spark's offset JSON, like {\"events\":{\"0\":23}}")
+        .map_err(Exit::config)?;
+    let location = Location::parse(&checkpoint)?;
+    if let Some((cassandra, directory)) = location.group_mode().await? {
+        return offsets_group::set(
+            &checkpoint,
+            cassandra,
+            &directory,
+            &target,
+            config.as_deref(),
+        )
+        .await;
+    }
+    let Some((_, before)) = location.inspect().await? else {
+        return Err(Exit::config(anyhow!("{checkpoint} holds no query")));
+    };
+    let state: Vec<StateFileId> = location
+        .inspect_state()
+        .await?
+        .into_iter()
+        .map(|(f, _)| f)
+        .collect();
+    let stateful = !state.is_empty();
+    if stateful && !reset_state {
+        return Err(Exit::config(anyhow!(
+            "{checkpoint} holds a stateful query, whose state was built from the offsets it \
+             read: moving the offsets alone would make them disagree; add --reset-state to \
+             start the state empty at the new offsets"
+        )));
+    }
+    let mut store = location.open(None, replication).await?;
+    let next = store.move_to(&target).await?;
+    if stateful {
+        // The moved-to batch's state is empty, in the partitions the
+        // state has: the next batch starts from it.
+        let last = before.latest_commit.map(|c| c.id);
+        for partition in 0..stored_partitions(&state, last) {
+            store
+                .write_state(&StateFile {
+                    operator: 0,
+                    partition,
+                    version: next,
+                    kind: StateFileKind::Snapshot,
+                    bytes: Vec::new(),
+                    location: String::new(),
+                })
+                .await?;
         }
     }
+    println!(
+        "{checkpoint}: the next batch ({}) starts at {}",
+        next.next(),
+        offsets_to_json(&target)
+    );
+    Ok(())
+}
+
+/// `sluice offsets migrate`: the query, its offsets and its state moved to another store.
+async fn migrate(
+    from: String,
+    to: String,
+    force: bool,
+    replication: Option<String>,
+) -> Result<(), Exit> {
+    let (id, stored) = Location::parse(&from)?
+        .inspect()
+        .await?
+        .ok_or_else(|| Exit::config(anyhow!("nothing to migrate: {from} holds no query")))?;
+    let latest = match stored.recovery() {
+        Ok(Recovery::RunNext { .. }) => stored.latest_plan.clone(),
+        Ok(Recovery::Replay { batch }) => {
+            return Err(Exit::checkpoint_state(anyhow!(
+                "batch {batch} is planned but not committed in {from}; run the query so it \
+                 finishes that batch, then migrate"
+            )));
+        }
+        Ok(Recovery::StartFresh) => None,
+        Err(e) => {
+            return Err(Exit::checkpoint_state(anyhow!(
+                "{from} is inconsistent: {e}"
+            )));
+        }
+    };
+    let latest = latest.ok_or_else(|| {
+        Exit::config(anyhow!("nothing to migrate: {from} has no committed batch"))
+    })?;
+    let target = Location::parse(&to)?;
+    let existing = target.inspect().await?;
+    let target_is_empty = existing
+        .as_ref()
+        .is_none_or(|(_, s)| s.planned.is_empty() && s.committed.is_empty());
+    if !target_is_empty && !force {
+        return Err(Exit::config(anyhow!(
+            "{to} already holds batches of query {}; refusing to write into it without --force",
+            existing.map(|(id, _)| id).unwrap_or_default()
+        )));
+    }
+    let mut store = target.open(Some(&id), replication).await?;
+    // The state the next batch starts from goes along: the files that
+    // rebuild the last committed batch's version.
+    let source_state = Location::parse(&from)?.inspect_state().await?;
+    if !source_state.is_empty() {
+        let listed: Vec<StateFileId> = source_state.iter().map(|(f, _)| *f).collect();
+        let partitions = stored_partitions(&listed, Some(latest.id()));
+        let wanted = state_files_for(&listed, partitions, latest.id()).map_err(|gap| {
+            Exit::checkpoint_state(anyhow!(
+                "{from}: the state of batch {} cannot be rebuilt: {gap:?}",
+                latest.id()
+            ))
+        })?;
+        let mut source = Location::parse(&from)?.open(None, None).await?;
+        for id in wanted {
+            let file = source.read_state(id).await?;
+            store.write_state(&file).await?;
+        }
+    }
+    if target_is_empty {
+        // The same batch, so the numbering goes on where it was.
+        store.write_plan(&latest).await?;
+        // The commit's watermark goes along too: the next batch runs
+        // under it, as it would have where the query was.
+        let next_watermark_ms = stored
+            .latest_commit
+            .as_ref()
+            .map_or(0, |c| c.next_watermark_ms);
+        store
+            .write_commit(&BatchCommit {
+                id: latest.id(),
+                next_watermark_ms,
+            })
+            .await?;
+    } else {
+        store.move_to(&latest.end_offsets()).await?;
+    }
+    println!(
+        "migrated query {id} from {from} to {to}: the next batch starts at {}",
+        offsets_to_json(&latest.end_offsets())
+    );
+    Ok(())
+}
+
+/// `sluice offsets import`: the next batch starts at offsets kept in a Cassandra table.
+async fn import(
+    checkpoint: String,
+    cassandra_nodes: String,
+    cassandra_table: String,
+    replication: Option<String>,
+) -> Result<(), Exit> {
+    let offsets = read_offsets_table(&cassandra_nodes, &cassandra_table).await?;
+    if offsets.is_empty() {
+        return Err(Exit::config(anyhow!(
+            "{cassandra_table} holds no offsets to import"
+        )));
+    }
+    let location = Location::parse(&checkpoint)?;
+    if !location.inspect_state().await?.is_empty() {
+        return Err(Exit::config(anyhow!(
+            "{checkpoint} holds a stateful query, whose state must agree with its offsets; \
+             use `sluice offsets set --reset-state` with the imported offsets instead"
+        )));
+    }
+    let mut store = location.open(None, replication).await?;
+    let next = store.move_to(&offsets).await?;
+    println!(
+        "imported {} partitions from {cassandra_table}: batch {} of {checkpoint} starts at {}",
+        offsets.len(),
+        next.next(),
+        offsets_to_json(&offsets)
+    );
+    Ok(())
 }
 
 /// Reads `topic`, `partition`, `offset` from a table teams keep their offsets in.

@@ -1,0 +1,322 @@
+//! Taking records from the partition queues: into the batch being read or
+//! into a partition's read-ahead buffer, pausing a partition whose buffer is
+//! full and resuming it at half, and starting over a partition that stalled.
+
+use super::*;
+
+impl ReaderState {
+    /// Polls the queue of every partition that is fetching and has messages,
+    /// and the consumer's own queue for librdkafka's events. Returns whether
+    /// anything arrived.
+    pub(super) fn poll_queues(&mut self, consumer: &BaseConsumer<SourceContext>) -> bool {
+        let include_headers = self.client.config.include_headers;
+        let share = self.share();
+        let limit = share + 2 * self.fetch_share;
+        let mut polled = false;
+        let mut now = None;
+        let mut restart = Vec::new();
+        let ReaderState {
+            parts,
+            queues,
+            read,
+            stats,
+            ..
+        } = self;
+        for (part, queue) in parts.iter_mut().zip(queues.iter_mut()) {
+            // A full partition is not polled: what is queued for it is dropped
+            // when it is unassigned, and fetched again when it is assigned.
+            if part.fetch != Fetch::Fetching
+                || part.full
+                || part.out_of_range
+                || !queue.ready.swap(false, Ordering::Acquire)
+            {
+                continue;
+            }
+            let mut taken = 0;
+            loop {
+                if taken >= BURST {
+                    // More to come: this queue's turn comes again next step.
+                    queue.ready.store(true, Ordering::Release);
+                    break;
+                }
+                // What is queued, past the buffer's share by up to two fetch
+                // shares (records take more in a buffer than on the wire): what is
+                // left queued is dropped at the pause and fetched again, whole
+                // record batches at a time. Taking only what fitted the share made
+                // the broker send 1,024 partitions at 10,000 records per trigger
+                // 1.9 times the topic, as a fetch brings a partition at least one
+                // record batch and a 16 KiB batch did not fit the room of a 24 KiB
+                // share. A larger record batch is still fetched again.
+                let want = part.buffer.room_in_records(limit).min(BURST - taken);
+                // What one call took is all kept, but after an offset out of
+                // range, where the partition starts over from `next`.
+                let mut failed = false;
+                let n = queue.batch.take(want, |result| match result {
+                    _ if part.out_of_range => {}
+                    Ok(message) => {
+                        part.last_message = *now.get_or_insert_with(Instant::now);
+                        take(part, read.as_mut(), message, include_headers, share);
+                        // While the batch's reader is behind, what the batch
+                        // wants waits in the partition's buffer, within its
+                        // share, like what later batches want: left in
+                        // librdkafka's queues, it cost up to a fetch per
+                        // partition, four times over (256 partitions in one
+                        // batch into Cassandra: 432 MiB).
+                        if read.as_ref().is_some_and(|r| r.out.ready.is_some()) {
+                            hand_over(read);
+                        }
+                    }
+                    Err(RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange) => {
+                        // Judged when a read needs the partition: the records
+                        // buffered before it come first.
+                        part.out_of_range = true;
+                    }
+                    Err(code) => {
+                        // librdkafka retries transient broker errors itself and
+                        // reports them here too; the stall and poll timeouts
+                        // catch a partition that never recovers.
+                        tracing::warn!(
+                            error = %KafkaError::MessageConsumption(code),
+                            "Kafka reported an error while reading; continuing"
+                        );
+                        failed = true;
+                    }
+                });
+                if n == 0 {
+                    break;
+                }
+                polled = true;
+                stats.polled += n as u64;
+                taken += n;
+                if part.out_of_range {
+                    break;
+                }
+                if failed {
+                    // Taken in a batch, an error moves librdkafka's position
+                    // past the offset it names (`rd_kafka_q_serve_rkmessages`),
+                    // where the next pause would resume, so a record could be
+                    // skipped: the partition is assigned afresh at `next`.
+                    restart.push((part.key(), false));
+                    part.fetch = Fetch::Stopping;
+                    break;
+                }
+                if part.full {
+                    queue.ready.store(true, Ordering::Release);
+                    break;
+                }
+            }
+        }
+        if !restart.is_empty() {
+            self.unassign(restart);
+        }
+        // Messages arrive here only for a partition whose queue was not split yet,
+        // which `plan_parts` prevents by splitting before it assigns.
+        while let Some(result) = consumer.poll(Duration::ZERO) {
+            match result {
+                Ok(message) => tracing::debug!(
+                    topic = message.topic(),
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    "a message outside the partition queues"
+                ),
+                Err(e) => tracing::debug!(error = %e, "Kafka event outside the partition queues"),
+            }
+        }
+        polled
+    }
+
+    /// Pauses the partitions whose buffers are full and resumes those whose
+    /// buffers drained to half; stops those whose offsets are out of range, and
+    /// assigns the others that need it at their next offsets.
+    pub(super) fn flow(&mut self) {
+        let low_water = self.share() / 2;
+        let mut stop = Vec::new();
+        let mut start = Vec::new();
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (part, PartQueue { ready, .. }) in self.parts.iter_mut().zip(&self.queues) {
+            match part.fetch {
+                Fetch::Fetching | Fetch::Paused if part.out_of_range => {
+                    stop.push((part.key(), part.fetch == Fetch::Paused));
+                    part.fetch = Fetch::Stopping;
+                    part.full = false;
+                }
+                Fetch::Fetching if part.full => {
+                    pause.add_partition(&part.topic, part.partition);
+                    part.fetch = Fetch::Paused;
+                }
+                Fetch::Paused if part.buffer.bytes <= low_water => {
+                    resume.add_partition(&part.topic, part.partition);
+                    part.fetch = Fetch::Fetching;
+                    part.full = false;
+                    part.last_message = Instant::now();
+                    // The pause emptied the queue without librdkafka noting that
+                    // it was polled, so the queue may not announce new messages.
+                    ready.store(true, Ordering::Release);
+                }
+                Fetch::Idle if !part.out_of_range && part.buffer.bytes <= low_water => {
+                    start.push((part.key(), part.next));
+                    part.fetch = Fetch::Fetching;
+                    part.last_message = Instant::now();
+                }
+                _ => {}
+            }
+        }
+        if let Some(consumer) = &self.consumer {
+            if pause.count() > 0 {
+                self.stats.paused += pause.count() as u64;
+                self.shared
+                    .pauses
+                    .fetch_add(pause.count() as u64, Ordering::Relaxed);
+                if let Err(e) = consumer.pause(&pause) {
+                    tracing::warn!(error = %e, "pausing {} partitions", pause.count());
+                }
+            }
+            // A pause outdates what the partition queued, and a fetch answered
+            // after it queues more: polling drops it now, instead of when the
+            // partition resumes. Only queues that librdkafka filled since they
+            // were last polled empty are polled: polling every paused queue at
+            // every pause was an eighth of this thread's CPU at 1,024 partitions.
+            for (part, PartQueue { split, ready, .. }) in self.parts.iter().zip(&self.queues) {
+                if part.fetch == Fetch::Paused
+                    && part.full
+                    && ready.load(Ordering::Relaxed)
+                    && ready.swap(false, Ordering::Acquire)
+                {
+                    while split.poll(Duration::ZERO).is_some() {
+                        self.stats.dropped += 1;
+                    }
+                }
+            }
+            if resume.count() > 0 {
+                self.stats.resumed += resume.count() as u64;
+                if let Err(e) = consumer.resume(&resume) {
+                    tracing::warn!(error = %e, "resuming {} partitions", resume.count());
+                }
+                // Wakes the broker thread (see the module's documentation).
+                if let Some(first) = resume.elements().first() {
+                    self.poke = Some((Arc::from(first.topic()), first.partition()));
+                }
+            }
+        }
+        // One poke at a time; one more after it if partitions resumed meanwhile.
+        if !self.poking
+            && let (Some(assigner), Some(key)) = (&self.assigner, self.poke.take())
+        {
+            self.poking = true;
+            assigner.send(Change::Poke(key));
+        }
+        self.unassign(stop);
+        if !start.is_empty() {
+            self.stats.assigned += start.len() as u64;
+            if let Some(assigner) = &self.assigner {
+                assigner.send(Change::Assign(start));
+            }
+        }
+    }
+
+    /// With nothing arriving: takes positions past transaction markers, judges
+    /// out-of-range offsets, restarts stalled partitions, and times a read out
+    /// that makes no progress.
+    pub(super) fn when_idle(
+        &mut self,
+        consumer: &BaseConsumer<SourceContext>,
+    ) -> Result<(), KafkaSourceError> {
+        let Some(read) = &mut self.read else {
+            return Ok(());
+        };
+        if read.remaining == 0 {
+            return Ok(());
+        }
+        // Positions past markers, for unfinished partitions with nothing queued.
+        let mut waiting = vec![false; self.parts.len()];
+        for range in read.ranges.iter().filter(|r| !r.done) {
+            let p = &self.parts[range.part];
+            waiting[range.part] =
+                p.fetch == Fetch::Fetching && !p.full && !p.out_of_range && p.buffer.is_empty();
+        }
+        if waiting.contains(&true) {
+            let positions = consumer
+                .position()
+                .map_err(|source| KafkaSourceError::Kafka {
+                    what: "reading consumer positions".to_owned(),
+                    source: Box::new(source),
+                })?;
+            for elem in positions.elements() {
+                let KafkaOffset::Offset(position) = elem.offset() else {
+                    continue;
+                };
+                let Some(&i) = self
+                    .by_name
+                    .get(&(Arc::from(elem.topic()), elem.partition()))
+                else {
+                    continue;
+                };
+                let part = &mut self.parts[i];
+                if !waiting[i] || position <= part.next {
+                    continue;
+                }
+                part.next = position;
+                if let Some(r) = part.range {
+                    let range = &mut read.ranges[r];
+                    part.start = part.start.max(position.min(range.until));
+                    if finish_if_complete(range, part, &mut read.remaining) {
+                        read.last_progress = Instant::now();
+                    }
+                }
+            }
+        }
+        self.judge_data_loss()?;
+        self.restart_stalled();
+        let Some(read) = &self.read else {
+            return Ok(());
+        };
+        let timeout = self.client.config.poll_timeout;
+        if read.remaining > 0
+            && read.last_progress.elapsed() > timeout
+            && let Some(range) = read.ranges.iter().find(|r| !r.done)
+        {
+            let part = &self.parts[range.part];
+            return Err(KafkaSourceError::PollTimeout {
+                topic_partition: part.topic_partition(),
+                from: offset(range.from),
+                until: offset(range.until),
+                reached: offset(part.start),
+                timeout_ms: timeout.as_millis(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Assigns afresh, at their next offsets, the partitions a read has waited for
+    /// longer than [`STALL`] that delivered nothing meanwhile.
+    pub(super) fn restart_stalled(&mut self) {
+        let Some(read) = &self.read else {
+            return;
+        };
+        if read.last_progress.elapsed() < STALL {
+            return;
+        }
+        let mut stop = Vec::new();
+        for range in read.ranges.iter().filter(|r| !r.done) {
+            let part = &mut self.parts[range.part];
+            if part.fetch == Fetch::Fetching
+                && part.buffer.is_empty()
+                && !part.out_of_range
+                && part.last_message.elapsed() >= STALL
+            {
+                stop.push((part.key(), false));
+                part.fetch = Fetch::Stopping;
+            }
+        }
+        if stop.is_empty() {
+            return;
+        }
+        tracing::debug!(
+            partitions = stop.len(),
+            "assigning partitions afresh that a read waited for in vain"
+        );
+        self.stats.stalled += stop.len() as u64;
+        self.unassign(stop);
+    }
+}
