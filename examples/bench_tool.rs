@@ -231,14 +231,12 @@ fn consume(bootstrap: &str, topic: &str, to: Option<&str>) -> Result<()> {
         // Sluice's whole read-ahead, in the one shared queue.
         .set(
             "queued.max.messages.kbytes",
-            (sluice_kafka_source::DEFAULT_READ_AHEAD_BYTES / 1024).to_string(),
+            (sluice_kafka::DEFAULT_READ_AHEAD_BYTES / 1024).to_string(),
         )
         .set(
             "fetch.max.bytes",
-            sluice_kafka_source::default_fetch_max_bytes(
-                sluice_kafka_source::DEFAULT_READ_AHEAD_BYTES,
-            )
-            .to_string(),
+            sluice_kafka::default_fetch_max_bytes(sluice_kafka::DEFAULT_READ_AHEAD_BYTES)
+                .to_string(),
         )
         .create()?;
     let ends = ends(&consumer, topic)?;

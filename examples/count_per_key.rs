@@ -14,9 +14,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use sluice_checkpoint_fs::Checkpoint;
+use sluice_core::{BatchId, OffsetRange, RecordChunk, Sink, StartingOffsets, Writes};
 use sluice_executor::{Query, QueryOptions, Trigger};
-use sluice_kafka_source::{KafkaSource, KafkaSourceConfig, TopicSelection};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, StartingOffsets, Writes};
+use sluice_kafka::{KafkaSource, KafkaSourceConfig, TopicSelection};
 
 /// Counts records per key and writes one file per batch.
 struct CountPerKey {

@@ -16,7 +16,7 @@ use anyhow::Result;
 use scylla::statement::Consistency;
 use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Offset, OffsetStore, PartitionOffsets,
     TopicPartition,
 };
@@ -142,8 +142,8 @@ async fn main() -> Result<()> {
     for batch in 0..iterations {
         let plan = plan(batch, partitions);
         let (start_json, end_json) = (
-            sluice_offsets::offsets_to_json(&plan.start_offsets()),
-            sluice_offsets::offsets_to_json(&plan.end_offsets()),
+            sluice_core::offsets_to_json(&plan.start_offsets()),
+            sluice_core::offsets_to_json(&plan.end_offsets()),
         );
         let start = Instant::now();
         session

@@ -8,12 +8,10 @@ use std::io::Write;
 use criterion::{Criterion, criterion_group, criterion_main};
 use sluice_benches::sample_offsets;
 use sluice_checkpoint_fs::Checkpoint;
-use sluice_offsets::{
-    BatchCommit, BatchId, BatchMetadata, BatchPlan, OffsetStore, purge_threshold,
-};
+use sluice_core::{BatchCommit, BatchId, BatchMetadata, BatchPlan, OffsetStore, purge_threshold};
 
 const PARTITIONS: usize = 8;
-const RETAIN: u64 = sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN;
+const RETAIN: u64 = sluice_core::DEFAULT_MIN_BATCHES_TO_RETAIN;
 
 fn plan_and_commit(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -7,7 +7,7 @@ use std::num::NonZeroU64;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use sluice_benches::sample_offsets;
-use sluice_offsets::{BatchId, decide_recovery, offsets_from_json, offsets_to_json, rate_limit};
+use sluice_core::{BatchId, decide_recovery, offsets_from_json, offsets_to_json, rate_limit};
 
 fn offset_json(c: &mut Criterion) {
     let offsets = sample_offsets(1_000, 0);

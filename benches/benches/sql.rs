@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use sluice_offsets::{Offset, Record, RecordChunk, TimestampType};
+use sluice_core::{Offset, Record, RecordChunk, TimestampType};
 use sluice_sql::arrow::json::ReaderBuilder;
 use sluice_sql::{Decoder, Format, StreamQuery, parse_ddl};
 

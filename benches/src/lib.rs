@@ -5,7 +5,7 @@
 //!
 //! This library holds the inputs the benchmarks share.
 
-use sluice_offsets::{Offset, PartitionOffsets, TopicPartition};
+use sluice_core::{Offset, PartitionOffsets, TopicPartition};
 
 /// `partitions` partitions spread over topics of 100 partitions each, with
 /// offsets that vary like real ones do.

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_offsets::{
+use sluice_core::{
     offsets_from_json, offsets_to_json, parse_starting_offsets, values_from_json, values_to_json,
 };
 

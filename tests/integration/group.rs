@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use sluice_cassandra_store::{
     CassandraDirectory, CassandraLocation, CassandraOptions, CassandraStore,
 };
-use sluice_kafka_source::{GroupConfig, GroupProtocol, KafkaMembership};
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, DirectoryEntry, Generation, Membership,
     MembershipChange, Offset, OffsetStore, Origin, PartitionDirectory, PartitionOffsets,
     PartitionStart, Revocation, TopicPartition, settled_ends,
 };
+use sluice_kafka::{GroupConfig, GroupProtocol, KafkaMembership};
 
 fn options() -> CassandraOptions {
     CassandraOptions {

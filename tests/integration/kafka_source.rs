@@ -8,13 +8,13 @@ use std::time::Duration;
 use rdkafka::admin::{AdminOptions, NewPartitions};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
-use sluice_kafka_source::{KafkaSource, KafkaSourceConfig, KafkaSourceError, TopicSelection};
-use sluice_offsets::Source as _;
-use sluice_offsets::{
+use sluice_core::Source as _;
+use sluice_core::{
     DataLoss, DataLossDecision, MissingCommitted, Offset, OffsetRange, PartitionOffsets,
     SpecificOffset, StartingOffsets, TimestampFallback, TopicPartition, apply_data_loss_policy,
     classify_batch,
 };
+use sluice_kafka::{KafkaError, KafkaSource, KafkaSourceConfig, TopicSelection};
 use sluice_tests::kafka::{
     Out, TIMEOUT, admin, client_config, create_topic, delete_topic, numbered, produce, producer,
 };
@@ -57,23 +57,23 @@ trait ReadWhole {
     async fn read_batch(
         &mut self,
         ranges: &[OffsetRange],
-    ) -> Result<sluice_offsets::ReadBatch, KafkaSourceError>;
+    ) -> Result<sluice_core::ReadBatch, KafkaError>;
 }
 
 impl ReadWhole for KafkaSource {
     async fn read_batch(
         &mut self,
         ranges: &[OffsetRange],
-    ) -> Result<sluice_offsets::ReadBatch, KafkaSourceError> {
+    ) -> Result<sluice_core::ReadBatch, KafkaError> {
         let reader = self.read(ranges).await?;
-        match sluice_offsets::read_all(ranges, reader).await? {
+        match sluice_core::read_all(ranges, reader).await? {
             Ok(batch) => Ok(batch),
             Err(record) => panic!("a record outside the planned ranges: {record:?}"),
         }
     }
 }
 
-fn read_values(batch: &sluice_offsets::ReadBatch) -> Vec<Vec<(i64, String)>> {
+fn read_values(batch: &sluice_core::ReadBatch) -> Vec<Vec<(i64, String)>> {
     batch
         .partitions
         .iter()
@@ -318,10 +318,10 @@ async fn starts_by_timestamp_specific_offsets_and_committed_group_offsets() {
 }
 
 async fn start_at(
-    partitions: &BTreeMap<TopicPartition, sluice_offsets::OffsetBounds>,
+    partitions: &BTreeMap<TopicPartition, sluice_core::OffsetBounds>,
     source: &mut KafkaSource,
     starting: StartingOffsets,
-) -> Result<PartitionOffsets, KafkaSourceError> {
+) -> Result<PartitionOffsets, KafkaError> {
     source.starting_offsets(&starting, partitions).await
 }
 
@@ -357,7 +357,7 @@ async fn purged_offsets_are_named_or_skipped_with_an_exact_count() {
     else {
         panic!("fail_on_data_loss must fail");
     };
-    let message = KafkaSourceError::DataLoss(losses).to_string();
+    let message = KafkaError::DataLoss(losses).to_string();
     println!("data loss before a batch:\n{message}");
     assert!(
         message.contains(&format!(
@@ -372,7 +372,7 @@ async fn purged_offsets_are_named_or_skipped_with_an_exact_count() {
     let err = strict.read_batch(&ranges).await.unwrap_err();
     println!("data loss while reading:\n{err}");
     assert!(
-        matches!(err, KafkaSourceError::DataLoss(ref l) if l.len() == 1),
+        matches!(err, KafkaError::DataLoss(ref l) if l.len() == 1),
         "{err}"
     );
     assert!(
@@ -416,7 +416,7 @@ async fn a_recreated_topic_is_an_offset_ahead_of_the_partition_end() {
         matches!(losses.as_slice(), [DataLoss::AheadOfEnd { .. }]),
         "{losses:?}"
     );
-    let message = KafkaSourceError::DataLoss(losses).to_string();
+    let message = KafkaError::DataLoss(losses).to_string();
     println!("recreated topic:\n{message}");
     assert!(
         message.contains(&format!(
@@ -744,7 +744,7 @@ async fn an_unreachable_cluster_is_one_clear_error_per_request() {
         "{message}"
     );
     assert!(
-        <KafkaSource as sluice_offsets::Source>::is_transient(&err),
+        <KafkaSource as sluice_core::Source>::is_transient(&err),
         "the executor retries it"
     );
     // One attempt of one request timeout: the client does not retry by itself.
@@ -798,10 +798,7 @@ async fn assigned_partitions_only_and_missing_ones_are_reported_gone() {
         matches!(losses.as_slice(), [DataLoss::PartitionGone { .. }]),
         "{losses:?}"
     );
-    println!(
-        "partition gone:\n{}",
-        KafkaSourceError::DataLoss(losses.clone())
-    );
+    println!("partition gone:\n{}", KafkaError::DataLoss(losses.clone()));
     assert!(
         losses[0]
             .to_string()
@@ -834,10 +831,7 @@ async fn a_new_partition_whose_records_were_purged_is_data_loss() {
             earliest_available: off(6)
         }]
     );
-    println!(
-        "new partition:\n{}",
-        KafkaSourceError::DataLoss(losses.clone())
-    );
+    println!("new partition:\n{}", KafkaError::DataLoss(losses.clone()));
     assert_eq!(losses[0].lost_offsets(), 6);
     delete_topic(&topic).await;
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 
 use sluice_checkpoint_fs::Checkpoint;
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Offset, OffsetStore, PartitionOffsets,
     Recovery, TopicPartition,
 };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
-use sluice_offsets::{PartitionOffsets, offsets_from_json};
+use sluice_core::{PartitionOffsets, offsets_from_json};
 use sluice_tests::kafka::{Out, create_topic, delete_topic, produce, producer};
 use sluice_tests::process::{Lcg, run, stderr};
 

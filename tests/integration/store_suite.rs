@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Offset, OffsetStore, PartitionOffsets,
     Recovery, StateFile, StateFileId, StateFileKind, StateStore, TopicPartition, purge_threshold,
 };
@@ -440,7 +440,7 @@ async fn offsets_table(h: &CassandraHarness) -> Vec<(TopicPartition, Offset, i64
     let session = sluice_tests::cassandra_session(&h.location.nodes).await;
     let rows = session
         .query_unpaged(
-            "SELECT topic, partition, offset, batch_id FROM sluice_store_suite.sluice_offsets WHERE query = ?",
+            "SELECT topic, partition, offset, batch_id FROM sluice_store_suite.sluice_core WHERE query = ?",
             (&h.location.query,),
         )
         .await

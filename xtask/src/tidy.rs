@@ -77,10 +77,10 @@ fn offsets_depends_on_no_io_runtime_or_client() {
         "reqwest",
         "anyhow",
     ];
-    for dep in dependencies(&manifest_of("sluice-offsets")) {
+    for dep in dependencies(&manifest_of("sluice-core")) {
         assert!(
             !forbidden.contains(&dep.as_str()) && !dep.starts_with("sluice-"),
-            "sluice-offsets is the pure model and must not depend on {dep}"
+            "sluice-core is the pure model and must not depend on {dep}"
         );
     }
 }
@@ -95,17 +95,17 @@ fn offsets_source_does_no_io() {
         "std::thread::sleep",
     ];
     assert_names_none(
-        &root().join("crates/offsets/src"),
+        &root().join("crates/core/src"),
         &io,
         true,
-        "but sluice-offsets does no I/O",
+        "but sluice-core does no I/O",
     );
 }
 
 #[test]
 fn executor_knows_only_the_traits() {
     let concrete = [
-        "sluice-kafka-source",
+        "sluice-kafka",
         "sluice-checkpoint-fs",
         "sluice-cassandra-store",
         "sluice-sql",
@@ -118,7 +118,7 @@ fn executor_knows_only_the_traits() {
     for dep in dependencies(&manifest_of("sluice-executor")) {
         assert!(
             !concrete.contains(&dep.as_str()),
-            "sluice-executor must work through the traits of sluice-offsets, not depend on {dep}"
+            "sluice-executor must work through the traits of sluice-core, not depend on {dep}"
         );
     }
 }
@@ -126,14 +126,14 @@ fn executor_knows_only_the_traits() {
 #[test]
 fn implementations_depend_only_on_the_model_among_our_crates() {
     for name in [
-        "sluice-kafka-source",
+        "sluice-kafka",
         "sluice-checkpoint-fs",
         "sluice-cassandra-store",
     ] {
         for dep in dependencies(&manifest_of(name)) {
             assert!(
-                !dep.starts_with("sluice-") || dep == "sluice-offsets",
-                "{name} may depend on sluice-offsets only among our crates, not on {dep}"
+                !dep.starts_with("sluice-") || dep == "sluice-core",
+                "{name} may depend on sluice-core only among our crates, not on {dep}"
             );
         }
     }
@@ -143,7 +143,7 @@ fn implementations_depend_only_on_the_model_among_our_crates() {
 fn state_computes_does_no_io_and_depends_on_the_core_only() {
     for dep in dependencies(&manifest_of("sluice-state")) {
         assert!(
-            !dep.starts_with("sluice-") || dep == "sluice-offsets",
+            !dep.starts_with("sluice-") || dep == "sluice-core",
             "sluice-state keeps operators' state and implements the core's `StatefulOperator`; \
              it knows nothing of SQL, the stream's edges or the executor, so it must not depend \
              on {dep}"
@@ -166,8 +166,8 @@ fn state_computes_does_no_io_and_depends_on_the_core_only() {
 fn the_sql_engine_computes_and_does_no_io() {
     for dep in dependencies(&manifest_of("sluice-sql")) {
         assert!(
-            !dep.starts_with("sluice-") || dep == "sluice-offsets" || dep == "sluice-state",
-            "sluice-sql may depend on sluice-offsets and sluice-state only among our crates, not \
+            !dep.starts_with("sluice-") || dep == "sluice-core" || dep == "sluice-state",
+            "sluice-sql may depend on sluice-core and sluice-state only among our crates, not \
              on {dep}"
         );
         assert!(
@@ -342,7 +342,7 @@ fn the_edges_make_one_attempt_per_call_and_leave_retries_to_the_executor() {
     // A client that retries inside the executor's retry multiplies the waits:
     // the source's own retries once made an unreachable cluster take 23
     // minutes to give up. A wait in an edge crate is backpressure, said so.
-    for krate in ["kafka-source", "checkpoint-fs", "cassandra-store"] {
+    for krate in ["kafka", "checkpoint-fs", "cassandra-store"] {
         for file in rust_files(&root().join("crates").join(krate).join("src")) {
             let text = fs::read_to_string(&file).expect("readable source");
             let lines: Vec<&str> = text.lines().collect();

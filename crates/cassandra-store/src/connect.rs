@@ -255,7 +255,7 @@ pub fn parse_serial_consistency(text: &str) -> Option<SerialConsistency> {
 pub async fn read_offsets_table(
     nodes: &[String],
     table: &str,
-) -> Result<sluice_offsets::PartitionOffsets, CassandraStoreError> {
+) -> Result<sluice_core::PartitionOffsets, CassandraStoreError> {
     let session = Connection::new(nodes.to_vec()).session().await?;
     let what = || format!("reading topic, partition, offset from {table}");
     let rows = session
@@ -264,7 +264,7 @@ pub async fn read_offsets_table(
         .map_err(crate::error::query_error(what()))?
         .into_rows_result()
         .map_err(crate::error::query_error(what()))?;
-    let mut offsets = sluice_offsets::PartitionOffsets::new();
+    let mut offsets = sluice_core::PartitionOffsets::new();
     let typed = rows
         .rows::<(String, i32, i64)>()
         .map_err(|e| CassandraStoreError::Damaged {
@@ -274,14 +274,11 @@ pub async fn read_offsets_table(
     for row in typed {
         let (topic, partition, offset) = row.map_err(crate::error::query_error(what()))?;
         let offset =
-            sluice_offsets::Offset::new(offset).ok_or_else(|| CassandraStoreError::Damaged {
+            sluice_core::Offset::new(offset).ok_or_else(|| CassandraStoreError::Damaged {
                 entry: table.to_owned(),
                 problem: format!("{topic}-{partition} has a negative offset {offset}"),
             })?;
-        offsets.insert(
-            sluice_offsets::TopicPartition::new(topic, partition),
-            offset,
-        );
+        offsets.insert(sluice_core::TopicPartition::new(topic, partition), offset);
     }
     Ok(offsets)
 }

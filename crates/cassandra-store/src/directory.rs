@@ -7,7 +7,7 @@ use scylla::client::session::Session;
 use scylla::statement::Consistency as DriverConsistency;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::{CqlValue, Row};
-use sluice_offsets::{
+use sluice_core::{
     Directory, DirectoryEntry, Generation, Offset, Origin, PartitionDirectory, PartitionOffsets,
     TopicPartition, offsets_from_json, offsets_to_json,
 };

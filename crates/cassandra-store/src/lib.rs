@@ -6,7 +6,7 @@
 //! ```text
 //! sluice_log     (query, kind, batch_id) + static query_id, epoch, owner
 //!                plans (kind 'plan'), commits ('commit') and batch 0's start ('initial')
-//! sluice_offsets (query, topic, partition) -> offset, batch_id   the latest committed offsets
+//! sluice_core (query, topic, partition) -> offset, batch_id   the latest committed offsets
 //! sluice_partitions (query, topic, partition) -> owner, start_offset + static query_id,
 //!                initial_offsets                                 group mode's directory
 //! ```

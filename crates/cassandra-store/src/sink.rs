@@ -12,7 +12,7 @@ use scylla::client::session::Session;
 
 use scylla::statement::prepared::PreparedStatement;
 use serde_json::{Map, Value};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, RecordRef, Sink, Writes};
+use sluice_core::{BatchId, OffsetRange, RecordChunk, RecordRef, Sink, Writes};
 use tokio::task::JoinSet;
 
 use crate::CassandraStoreError;

@@ -11,7 +11,7 @@ use scylla::statement::prepared::PreparedStatement;
 
 use crate::connect::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Log, OffsetStore, PartitionOffsets,
     StoredBatches, offsets_from_json, offsets_to_json,
 };
@@ -126,7 +126,7 @@ fn default_owner() -> String {
 /// The table of plans, commits and the claim.
 pub const LOG_TABLE: &str = "sluice_log";
 /// The latest committed offsets, one plain row per partition, for anyone to read.
-pub const OFFSETS_TABLE: &str = "sluice_offsets";
+pub const OFFSETS_TABLE: &str = "sluice_core";
 
 /// How often at most the offsets table is written. It is a row per partition,
 /// so writing it with every commit cost most of a batch at many partitions

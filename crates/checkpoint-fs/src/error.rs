@@ -4,7 +4,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use sluice_offsets::PlanError;
+use sluice_core::PlanError;
 
 /// An error of the filesystem checkpoint, naming the file or directory concerned.
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,7 @@
 //! Spark writes no newline after the last line; readers accept one.
 
 use serde_json::{Map, Value};
-use sluice_offsets::{BatchMetadata, PartitionOffsets, offsets_from_json, offsets_to_json};
+use sluice_core::{BatchMetadata, PartitionOffsets, offsets_from_json, offsets_to_json};
 
 /// The `conf` key under which Sluice records a batch's start offsets. Spark keeps
 /// only a batch's end offsets and derives the start from the previous batch, which
@@ -228,7 +228,7 @@ fn int_field(map: &Map<String, Value>, name: &str) -> Result<i64, Problem> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_offsets::{Offset, TopicPartition};
+    use sluice_core::{Offset, TopicPartition};
     use std::collections::BTreeMap;
 
     fn conf(entries: &[(&str, &str)]) -> BTreeMap<String, String> {

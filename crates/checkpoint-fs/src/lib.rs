@@ -27,7 +27,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchPlan, Log, Offset, OffsetStore, PartitionOffsets, StateFileId,
     StoredBatches,
 };

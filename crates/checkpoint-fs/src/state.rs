@@ -6,7 +6,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use sluice_offsets::{BatchId, StateFile, StateFileId, StateFileKind, StateStore};
+use sluice_core::{BatchId, StateFile, StateFileId, StateFileKind, StateStore};
 
 use crate::{Checkpoint, CheckpointError, atomic, blocking, exists, list_dir_names};
 

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::Path;
 
 use sluice_checkpoint_fs::{Checkpoint, CheckpointError};
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, DEFAULT_MIN_BATCHES_TO_RETAIN, Log, Offset,
     OffsetStore, PartitionOffsets, Recovery, TopicPartition, purge_threshold,
 };

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sluice_offsets::{DataLoss, Inconsistency, Offset, TopicPartition};
+use sluice_core::{DataLoss, Inconsistency, Offset, TopicPartition};
 
 use crate::GaveUp;
 
@@ -55,7 +55,7 @@ where
         entries: Vec<String>,
     },
     /// Offsets the next batch needs are gone and `fail_on_data_loss` is set.
-    #[error("{}", sluice_offsets::data_loss_report(.0))]
+    #[error("{}", sluice_core::data_loss_report(.0))]
     DataLoss(Vec<DataLoss>),
     /// A state version that recovery needs is not stored.
     #[error(

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::Duration;
 
-use sluice_offsets::{
+use sluice_core::{
     Generation, Membership, MembershipChange, Origin, PartitionDirectory, PartitionOffsets,
     PartitionStart, Revocation, StoredBatches, TopicPartition, settled_ends,
 };
@@ -96,7 +96,7 @@ where
     Generation(G),
     /// A generation's partitions cannot be handed back.
     #[error("{0}")]
-    Unsettled(#[from] sluice_offsets::GroupError),
+    Unsettled(#[from] sluice_core::GroupError),
     /// Other members kept changing the rows of the partitions this member was
     /// given.
     #[error(
@@ -361,7 +361,7 @@ where
     async fn read_directory(
         &mut self,
         stop: &mut watch::Receiver<bool>,
-    ) -> Result<sluice_offsets::Directory, GroupErrorOf<M, D, G>> {
+    ) -> Result<sluice_core::Directory, GroupErrorOf<M, D, G>> {
         let directory = &mut self.directory;
         retried!(
             self.retry,

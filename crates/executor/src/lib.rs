@@ -1,7 +1,7 @@
 //! The micro-batch engine of Sluice: triggers, planning, the write-ahead of each
 //! batch plan, processing, commit and progress reporting.
 //!
-//! It drives batches through the traits of `sluice-offsets` ([`Source`],
+//! It drives batches through the traits of `sluice-core` ([`Source`],
 //! [`OffsetStore`], [`Sink`]) and never names a concrete source, store or sink.
 //! Each batch runs in this order:
 //!
@@ -18,9 +18,9 @@
 //! ranges and batch id, so a [`Sink`] that replaces its output per batch id is
 //! exactly once.
 //!
-//! [`Source`]: sluice_offsets::Source
-//! [`OffsetStore`]: sluice_offsets::OffsetStore
-//! [`Sink`]: sluice_offsets::Sink
+//! [`Source`]: sluice_core::Source
+//! [`OffsetStore`]: sluice_core::OffsetStore
+//! [`Sink`]: sluice_core::Sink
 
 // First, for the driver's macro that the others use.
 #[macro_use]

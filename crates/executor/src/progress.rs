@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::Value;
-use sluice_offsets::{DataLoss, EventTimeStats, PartitionOffsets};
+use sluice_core::{DataLoss, EventTimeStats, PartitionOffsets};
 
 /// One batch's progress, serialised as Spark serialises its progress events.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -68,7 +68,7 @@ impl GroupProgress {
     pub fn new<'a>(
         member: impl Into<String>,
         generation: impl Into<String>,
-        partitions: impl IntoIterator<Item = &'a sluice_offsets::TopicPartition>,
+        partitions: impl IntoIterator<Item = &'a sluice_core::TopicPartition>,
     ) -> GroupProgress {
         let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         for tp in partitions {
@@ -412,7 +412,7 @@ fn rate(per_second: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_offsets::TopicPartition;
+    use sluice_core::TopicPartition;
 
     fn report() -> QueryProgress {
         QueryProgress {
@@ -460,13 +460,12 @@ mod tests {
         for (topic, partitions) in [("b\"quoted", 3), ("a", 12), ("c", 1)] {
             for p in 0..partitions {
                 offsets.insert(
-                    sluice_offsets::TopicPartition::new(topic, p),
-                    sluice_offsets::Offset::new(i64::from(p) * 7 + 1).unwrap(),
+                    sluice_core::TopicPartition::new(topic, p),
+                    sluice_core::Offset::new(i64::from(p) * 7 + 1).unwrap(),
                 );
             }
         }
-        let parsed: Value =
-            serde_json::from_str(&sluice_offsets::offsets_to_json(&offsets)).unwrap();
+        let parsed: Value = serde_json::from_str(&sluice_core::offsets_to_json(&offsets)).unwrap();
         assert_eq!(offsets_value(&offsets), parsed);
         assert_eq!(
             offsets_value(&PartitionOffsets::new()),

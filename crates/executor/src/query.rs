@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sluice_offsets::{
+use sluice_core::{
     BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss,
     DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetRange, OffsetStore,
     PartitionOffsets, PassThrough, Processed, Processor, Reach, RecordChunk, Recovery, Sink,
@@ -144,7 +144,7 @@ impl Default for QueryOptions {
             max_offsets_per_trigger: None,
             min_offsets_per_trigger: None,
             fail_on_data_loss: true,
-            min_batches_to_retain: sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN,
+            min_batches_to_retain: sluice_core::DEFAULT_MIN_BATCHES_TO_RETAIN,
             source_description: "source".to_owned(),
             sink_description: "sink".to_owned(),
             retry: RetryPolicy::default(),
@@ -1000,7 +1000,7 @@ where
             || TopicPartition::new("?", 0),
             |r| TopicPartition::new(r.topic(), r.partition()),
         ),
-        offset: record.map_or(sluice_offsets::Offset::ZERO, |r| r.offset()),
+        offset: record.map_or(sluice_core::Offset::ZERO, |r| r.offset()),
         reason: record
             .and_then(|r| r.headers().find(|(name, _)| *name == ERROR_HEADER))
             .and_then(|(_, value)| value)

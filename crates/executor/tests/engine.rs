@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_executor::{
-    ExecutorError, GaveUp, Query, QueryOptions, QueryProgress, Retried, RetryPolicy, Trigger,
-};
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchPlan, BatchReader, DataLoss, EventTime, Log, Offset, OffsetBounds,
     OffsetRange, OffsetStore, PartitionOffsets, Record, RecordChunk, Sink, Source, StartingOffsets,
     StateFile, StateFileId, StateFileKind, StateStore, StatefulOperator, StoredBatches,
     TimestampType, TopicPartition, Writes,
+};
+use sluice_executor::{
+    ExecutorError, GaveUp, Query, QueryOptions, QueryProgress, Retried, RetryPolicy, Trigger,
 };
 use tokio::sync::watch;
 
@@ -1421,14 +1421,14 @@ struct PickyProcessor {
     batches: i64,
 }
 
-impl sluice_offsets::Processor for PickyProcessor {
+impl sluice_core::Processor for PickyProcessor {
     type Output = RecordChunk;
     type Error = TestError;
 
     async fn begin_batch(
         &mut self,
         _batch: BatchId,
-        _metadata: &sluice_offsets::BatchMetadata,
+        _metadata: &sluice_core::BatchMetadata,
     ) -> Result<(), TestError> {
         self.batches += 1;
         Ok(())
@@ -1437,14 +1437,14 @@ impl sluice_offsets::Processor for PickyProcessor {
     async fn process(
         &mut self,
         records: RecordChunk,
-        out: &mut sluice_offsets::Processed<RecordChunk>,
+        out: &mut sluice_core::Processed<RecordChunk>,
     ) -> Result<(), TestError> {
         let mut good = RecordChunk::default();
         for record in &records {
             if record.offset().value() % 10 == 3 {
                 let mut bad = record.to_record();
-                bad.headers.push(sluice_offsets::Header {
-                    key: sluice_offsets::ERROR_HEADER.to_owned(),
+                bad.headers.push(sluice_core::Header {
+                    key: sluice_core::ERROR_HEADER.to_owned(),
                     value: Some(b"ends in 3".to_vec()),
                 });
                 out.bad.push_record(&bad);
@@ -1460,7 +1460,7 @@ impl sluice_offsets::Processor for PickyProcessor {
     async fn finish_batch(
         &mut self,
         _batch: BatchId,
-        _out: &mut sluice_offsets::Processed<RecordChunk>,
+        _out: &mut sluice_core::Processed<RecordChunk>,
     ) -> Result<(), TestError> {
         Ok(())
     }
@@ -1481,14 +1481,14 @@ impl EventTime for PickyProcessor {
 
     fn restore_watermark(&mut self, _watermark_ms: i64) {}
 
-    fn stats(&self) -> sluice_offsets::EventTimeStats {
-        sluice_offsets::EventTimeStats::default()
+    fn stats(&self) -> sluice_core::EventTimeStats {
+        sluice_core::EventTimeStats::default()
     }
 }
 
 #[tokio::test]
 async fn bad_records_stop_the_query_or_are_skipped_or_go_to_the_dead_letters() {
-    use sluice_offsets::BadRecordPolicy;
+    use sluice_core::BadRecordPolicy;
     let run = |policy: BadRecordPolicy| async move {
         let source = MemSource::with(&[(0, 25), (1, 10)]);
         let (store, sink, dead) = (MemStore::default(), MemSink::default(), MemSink::default());
@@ -1649,14 +1649,14 @@ struct Counter {
     batch: u64,
 }
 
-impl sluice_offsets::Processor for CountingProcessor {
+impl sluice_core::Processor for CountingProcessor {
     type Output = RecordChunk;
     type Error = TestError;
 
     async fn begin_batch(
         &mut self,
         _batch: BatchId,
-        _metadata: &sluice_offsets::BatchMetadata,
+        _metadata: &sluice_core::BatchMetadata,
     ) -> Result<(), TestError> {
         self.counter.batch = 0;
         Ok(())
@@ -1665,7 +1665,7 @@ impl sluice_offsets::Processor for CountingProcessor {
     async fn process(
         &mut self,
         records: RecordChunk,
-        out: &mut sluice_offsets::Processed<RecordChunk>,
+        out: &mut sluice_core::Processed<RecordChunk>,
     ) -> Result<(), TestError> {
         self.counter.batch += records.len() as u64;
         out.row_count += records.len() as u64;
@@ -1676,7 +1676,7 @@ impl sluice_offsets::Processor for CountingProcessor {
     async fn finish_batch(
         &mut self,
         _batch: BatchId,
-        _out: &mut sluice_offsets::Processed<RecordChunk>,
+        _out: &mut sluice_core::Processed<RecordChunk>,
     ) -> Result<(), TestError> {
         Ok(())
     }
@@ -1723,8 +1723,8 @@ impl StatefulOperator<TestError> for Counter {
         false
     }
 
-    fn stats(&self) -> sluice_offsets::StateOperatorStats {
-        sluice_offsets::StateOperatorStats {
+    fn stats(&self) -> sluice_core::StateOperatorStats {
+        sluice_core::StateOperatorStats {
             name: "counter".to_owned(),
             rows_total: 1,
             ..Default::default()

@@ -7,12 +7,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_executor::{Generations, GroupQuery, RetryPolicy};
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Directory, DirectoryEntry, Generation,
     Membership, MembershipChange, Offset, Origin, PartitionDirectory, PartitionOffsets, Revocation,
     StoredBatches, TopicPartition,
 };
+use sluice_executor::{Generations, GroupQuery, RetryPolicy};
 use tokio::sync::{mpsc, watch};
 
 #[derive(Debug, thiserror::Error)]

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
+use sluice_core::{MinOffsetsPerTrigger, StartingOptions};
 use sluice_executor::Trigger;
-use sluice_kafka_source::KafkaSourceConfig;
-use sluice_offsets::{MinOffsetsPerTrigger, StartingOptions};
+use sluice_kafka::KafkaSourceConfig;
 
 pub use checkpoint::{CassandraAuth, CheckpointSection, StoreKind};
 pub use processing::{DeadLetterSection, DeadLetters, Processing, QuerySection};
@@ -94,7 +94,7 @@ pub struct Settings {
     pub source_description: String,
     pub retry: sluice_executor::RetryPolicy,
     /// Group mode, and how its members agree; `None` for one process.
-    pub scale_out: Option<sluice_kafka_source::GroupProtocol>,
+    pub scale_out: Option<sluice_kafka::GroupProtocol>,
 }
 
 /// Reads and checks a configuration file. Every error names the file, and the

@@ -2,9 +2,9 @@
 //! `on_bad_record = "dead_letter"`. Each keeps the record as read, with an
 //! `sluice.error` header naming why.
 
+use sluice_core::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
 use sluice_executor::sinks::{DiscardSink, JsonlSink, SinkError};
-use sluice_kafka_source::{KafkaSink, KafkaSourceError};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
+use sluice_kafka::{KafkaError, KafkaSink};
 
 /// The configured dead letters.
 pub enum DeadLetterSink {
@@ -24,7 +24,7 @@ pub enum DeadLetterError {
     Local(#[from] SinkError),
     /// Producing to the topic failed.
     #[error(transparent)]
-    Kafka(#[from] KafkaSourceError),
+    Kafka(#[from] KafkaError),
 }
 
 impl Sink for DeadLetterSink {

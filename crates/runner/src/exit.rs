@@ -3,7 +3,7 @@
 use sluice_cassandra_store::CassandraStoreError;
 use sluice_checkpoint_fs::CheckpointError;
 use sluice_executor::ExecutorError;
-use sluice_kafka_source::KafkaSourceError;
+use sluice_kafka::KafkaError;
 use sluice_sql::SqlError;
 
 /// An error with the exit code it ends the process with.
@@ -73,7 +73,7 @@ impl Exit {
     /// Why the executor stopped: each part's error chooses its own code;
     /// `fenced` is the sink's own judgement ([`Sink::is_fenced`]) of its errors.
     ///
-    /// [`Sink::is_fenced`]: sluice_offsets::Sink::is_fenced
+    /// [`Sink::is_fenced`]: sluice_core::Sink::is_fenced
     pub fn executor<S, T, P, K, D>(
         error: ExecutorError<S, T, P, K, D>,
         fenced: fn(&K) -> bool,
@@ -133,16 +133,16 @@ pub trait Classify: Sized {
     fn exit(self) -> Exit;
 }
 
-impl Classify for KafkaSourceError {
+impl Classify for KafkaError {
     fn exit(self) -> Exit {
         match self {
-            e @ KafkaSourceError::DataLoss(_) => Exit::data_loss(e.into()),
-            e @ (KafkaSourceError::Config(_)
-            | KafkaSourceError::OwnedOption { .. }
-            | KafkaSourceError::Pattern { .. }
-            | KafkaSourceError::NoOffsetForTimestamp { .. }
-            | KafkaSourceError::NoCommittedOffset { .. }
-            | KafkaSourceError::Refused { .. }) => Exit::config(e.into()),
+            e @ KafkaError::DataLoss(_) => Exit::data_loss(e.into()),
+            e @ (KafkaError::Config(_)
+            | KafkaError::OwnedOption { .. }
+            | KafkaError::Pattern { .. }
+            | KafkaError::NoOffsetForTimestamp { .. }
+            | KafkaError::NoCommittedOffset { .. }
+            | KafkaError::Refused { .. }) => Exit::config(e.into()),
             e => Exit::runtime(e.into()),
         }
     }

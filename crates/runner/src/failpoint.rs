@@ -9,7 +9,7 @@
 //!   query and before the sink fences earlier writers, as a runner paused there
 //!   by the machine would be, until a SIGCONT.
 
-use sluice_offsets::{BatchId, OffsetRange, Sink, Writes};
+use sluice_core::{BatchId, OffsetRange, Sink, Writes};
 
 /// The environment variable naming the failpoint.
 pub const FAILPOINT_VAR: &str = "SLUICE_FAILPOINT";

@@ -8,14 +8,13 @@ use std::sync::Arc;
 use sluice_cassandra_store::{
     CassandraDirectory, CassandraLocation, CassandraOptions, CassandraStore, CassandraStoreError,
 };
-use sluice_executor::{Generations, GroupQuery, GroupQueryError};
-use sluice_kafka_source::{
-    GroupConfig, GroupProtocol, KafkaMembership, KafkaSink, KafkaSource, KafkaSourceError,
-    TopicSelection,
-};
-use sluice_offsets::{
+use sluice_core::{
     Generation, OffsetStore, PartitionOffsets, Recovery, Source, SpecificOffset, StartingOffsets,
     StartingOptions, StoredBatches, TopicPartition,
+};
+use sluice_executor::{Generations, GroupQuery, GroupQueryError};
+use sluice_kafka::{
+    GroupConfig, GroupProtocol, KafkaError, KafkaMembership, KafkaSink, KafkaSource, TopicSelection,
 };
 use tokio::sync::watch;
 
@@ -74,7 +73,7 @@ fn from_cassandra(error: CassandraStoreError) -> GenerationFailed {
     }
 }
 
-fn from_kafka(error: KafkaSourceError) -> GenerationFailed {
+fn from_kafka(error: KafkaError) -> GenerationFailed {
     GenerationFailed {
         transient: <KafkaSource as Source>::is_transient(&error),
         exit: error.exit(),
@@ -278,9 +277,7 @@ impl Generations for RunnerGenerations {
         Ok(partitions
             .iter()
             .map(|tp| {
-                let low = bounds
-                    .get(tp)
-                    .map_or(sluice_offsets::Offset::ZERO, |b| b.low);
+                let low = bounds.get(tp).map_or(sluice_core::Offset::ZERO, |b| b.low);
                 (tp.clone(), low)
             })
             .collect())

@@ -26,10 +26,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice_cassandra_store::{CassandraSink, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
+use sluice_core::{OffsetStore, PassThrough, Processor, Source, StateStore, Writes};
 use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, DiscardSink, JsonlSink};
 use sluice_executor::{Query, QueryOptions, QueryProgress};
-use sluice_kafka_source::{KafkaSink, KafkaSource};
-use sluice_offsets::{OffsetStore, PassThrough, Processor, Source, StateStore, Writes};
+use sluice_kafka::{KafkaSink, KafkaSource};
 use sluice_sql::{Decoder, SqlProcessor, StreamQuery};
 use tokio::sync::watch;
 
@@ -302,7 +302,7 @@ async fn processor(settings: &Settings) -> Result<SqlProcessor, Exit> {
 fn dead_letters(
     settings: &Settings,
     query_id: &str,
-    generation: Option<&sluice_offsets::Generation>,
+    generation: Option<&sluice_core::Generation>,
 ) -> Result<DeadLetterSink, Exit> {
     Ok(match &settings.dead_letters {
         DeadLetters::None => DeadLetterSink::None(DiscardSink),
@@ -318,7 +318,7 @@ fn dead_letters(
 /// A jsonl sink into `path`, its files named by `generation` in group mode.
 fn jsonl(
     path: &std::path::Path,
-    generation: Option<&sluice_offsets::Generation>,
+    generation: Option<&sluice_core::Generation>,
 ) -> Result<JsonlSink, sluice_executor::sinks::SinkError> {
     match generation {
         Some(generation) => JsonlSink::for_generation(path, generation),
@@ -336,7 +336,7 @@ struct Parts {
     /// Turns true when the run is to stop after the batch in flight.
     stop: watch::Receiver<bool>,
     /// The generation this run is, in group mode.
-    generation: Option<sluice_offsets::Generation>,
+    generation: Option<sluice_core::Generation>,
     /// Whether the run only recovers: it replays what is planned and not
     /// committed, and stops (group mode, settling a generation).
     recovery_only: bool,
@@ -350,10 +350,7 @@ struct Parts {
 
 impl Parts {
     /// The `kafka` sink; in group mode, the generation's.
-    async fn kafka_sink(
-        &self,
-        config: sluice_kafka_source::KafkaSinkConfig,
-    ) -> Result<KafkaSink, Exit> {
+    async fn kafka_sink(&self, config: sluice_kafka::KafkaSinkConfig) -> Result<KafkaSink, Exit> {
         KafkaSink::check_transaction_timeout(&config)
             .await
             .map_err(Classify::exit)?;
@@ -463,15 +460,15 @@ fn console_format(json: bool) -> ConsoleFormat {
 /// and the partitions it holds, which its settings assign exactly.
 fn group_progress(
     settings: &Settings,
-    generation: &sluice_offsets::Generation,
+    generation: &sluice_core::Generation,
 ) -> sluice_executor::GroupProgress {
-    let held: Vec<sluice_offsets::TopicPartition> = match &settings.kafka.selection {
-        sluice_kafka_source::TopicSelection::Assign(topics) => topics
+    let held: Vec<sluice_core::TopicPartition> = match &settings.kafka.selection {
+        sluice_kafka::TopicSelection::Assign(topics) => topics
             .iter()
             .flat_map(|(topic, partitions)| {
                 partitions
                     .iter()
-                    .map(|p| sluice_offsets::TopicPartition::new(topic.as_str(), *p))
+                    .map(|p| sluice_core::TopicPartition::new(topic.as_str(), *p))
             })
             .collect(),
         _ => Vec::new(),
@@ -878,21 +875,21 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
         KafkaSource::new(settings.kafka.clone(), "validate").map_err(|e| Exit::config(e.into()))?;
     let partitions = source.partitions().await.map_err(Classify::exit)?;
     let missing: Vec<String> = match &settings.kafka.selection {
-        sluice_kafka_source::TopicSelection::Subscribe(topics) => topics
+        sluice_kafka::TopicSelection::Subscribe(topics) => topics
             .iter()
             .filter(|t| !partitions.keys().any(|tp| *tp.topic == ***t))
             .cloned()
             .collect(),
-        sluice_kafka_source::TopicSelection::Assign(assign) => assign
+        sluice_kafka::TopicSelection::Assign(assign) => assign
             .iter()
             .flat_map(|(t, ps)| {
                 ps.iter()
-                    .map(move |p| sluice_offsets::TopicPartition::new(t.as_str(), *p))
+                    .map(move |p| sluice_core::TopicPartition::new(t.as_str(), *p))
             })
             .filter(|tp| !partitions.contains_key(tp))
             .map(|tp| tp.to_string())
             .collect(),
-        sluice_kafka_source::TopicSelection::SubscribePattern(_) => Vec::new(),
+        sluice_kafka::TopicSelection::SubscribePattern(_) => Vec::new(),
     };
     if !missing.is_empty() {
         return Err(Exit::config(anyhow::anyhow!(

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use serde_json::{Value, json};
 use sluice_cassandra_store::{CassandraLocation, CassandraOptions, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
-use sluice_offsets::{
+use sluice_core::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Directory, Log, OffsetStore, PartitionOffsets,
     Recovery, StateFile, StateFileId, StateFileKind, StateGap, StateStore, StoredBatches,
     offsets_from_json, offsets_to_json, state_files_for,

@@ -11,7 +11,7 @@ use sluice_cassandra_store::{
     CassandraDirectory, CassandraLocation, CassandraOptions, CassandraStore, CassandraStoreError,
     InspectedLog,
 };
-use sluice_offsets::{
+use sluice_core::{
     Directory, Generation, Offset, PartitionOffsets, StoredBatches, TopicPartition, offsets_to_json,
 };
 
@@ -190,7 +190,7 @@ pub(crate) async fn set(
         .ok_or_else(|| Exit::config(anyhow!("{} has no source.group_id", config.display())))?;
     let kafka = settings.kafka.clone();
     let members = tokio::task::spawn_blocking(move || {
-        sluice_kafka_source::live_members(&kafka.bootstrap_servers, &group, &kafka.client_options)
+        sluice_kafka::live_members(&kafka.bootstrap_servers, &group, &kafka.client_options)
     })
     .await
     .map_err(|e| Exit::runtime(anyhow!("describing the consumer group: {e}")))?

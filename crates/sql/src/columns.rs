@@ -18,7 +18,7 @@ use arrow::array::{
     StructBuilder, TimestampMillisecondBuilder,
 };
 use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
-use sluice_offsets::{RecordChunk, TimestampType};
+use sluice_core::{RecordChunk, TimestampType};
 
 /// The names of Spark's Kafka columns, in their order.
 pub const KAFKA_COLUMNS: [&str; 8] = [
@@ -195,7 +195,7 @@ fn column(name: &str, chunk: &RecordChunk) -> ArrayRef {
 mod tests {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{Int32Type, Int64Type};
-    use sluice_offsets::{Header, Offset, Record};
+    use sluice_core::{Header, Offset, Record};
 
     use super::*;
 

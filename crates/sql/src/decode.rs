@@ -16,7 +16,7 @@ use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use arrow_avro::reader::ReaderBuilder as AvroReaderBuilder;
 use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
-use sluice_offsets::RecordChunk;
+use sluice_core::RecordChunk;
 
 use crate::SqlError;
 use crate::columns::KafkaColumns;
@@ -486,7 +486,7 @@ fn one_row(unit: &str, made: usize, partial: bool) -> String {
 mod tests {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{Float64Type, Int64Type};
-    use sluice_offsets::{Offset, Record, TimestampType};
+    use sluice_core::{Offset, Record, TimestampType};
 
     use super::*;
     use crate::parse_ddl;

@@ -8,8 +8,8 @@
 //! ([`StreamQuery`]), refusing what an unbounded stream cannot do. [`SqlProcessor`]
 //! puts the three together as the executor's [`Processor`].
 //!
-//! [`RecordChunk`]: sluice_offsets::RecordChunk
-//! [`Processor`]: sluice_offsets::Processor
+//! [`RecordChunk`]: sluice_core::RecordChunk
+//! [`Processor`]: sluice_core::Processor
 
 pub mod columns;
 mod ddl;

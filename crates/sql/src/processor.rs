@@ -2,12 +2,12 @@
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, SchemaRef};
-use sluice_offsets::{
+use sluice_core::{
     BatchId, BatchMetadata, ERROR_HEADER, EventTime, EventTimeStats, Processed, Processor,
     RecordChunk, RecordParts, StatefulOperator,
 };
 #[cfg(test)]
-use sluice_offsets::{StateFile, StateFileKind};
+use sluice_core::{StateFile, StateFileKind};
 
 use crate::{BadRecord, Decoder, SqlError, StreamQuery};
 
@@ -308,7 +308,7 @@ impl Processor for SqlProcessor {
 #[cfg(test)]
 impl SqlProcessor {
     fn watermark_ms(&mut self) -> i64 {
-        sluice_offsets::next_watermark_ms(self)
+        sluice_core::next_watermark_ms(self)
     }
 
     fn event_stats(&mut self) -> Option<EventTimeStats> {
@@ -354,7 +354,7 @@ impl SqlProcessor {
         Ok(())
     }
 
-    fn state_progress(&mut self) -> Vec<sluice_offsets::StateOperatorStats> {
+    fn state_progress(&mut self) -> Vec<sluice_core::StateOperatorStats> {
         self.stateful_operators()
             .iter()
             .map(|state| state.stats())
@@ -362,7 +362,7 @@ impl SqlProcessor {
     }
 
     fn wants_batch_without_data(&mut self, last_watermark_ms: i64) -> bool {
-        sluice_offsets::wants_batch_without_data(self, last_watermark_ms)
+        sluice_core::wants_batch_without_data(self, last_watermark_ms)
     }
 }
 
@@ -381,7 +381,7 @@ mod tests {
 
     use arrow::array::{AsArray, RecordBatch};
     use arrow::datatypes::Int32Type;
-    use sluice_offsets::{Offset, Processed, Processor, Record, RecordChunk, TimestampType};
+    use sluice_core::{Offset, Processed, Processor, Record, RecordChunk, TimestampType};
 
     use super::*;
     use crate::{Format, parse_ddl};
@@ -591,7 +591,7 @@ mod stateful_tests {
     use std::sync::Arc;
 
     use arrow::array::RecordBatch;
-    use sluice_offsets::{
+    use sluice_core::{
         BatchId, BatchMetadata, Offset, Processed, Processor, Record, RecordChunk, StateFile,
         TimestampType,
     };
@@ -791,7 +791,7 @@ mod aggregate_tests {
 
     use arrow::array::RecordBatch;
     use datafusion::prelude::SessionContext;
-    use sluice_offsets::{
+    use sluice_core::{
         BatchId, BatchMetadata, Offset, Processed, Processor, Record, RecordChunk, StateFile,
         TimestampType,
     };

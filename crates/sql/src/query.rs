@@ -838,13 +838,13 @@ mod tests {
     #[tokio::test]
     async fn the_documented_stateless_surface_plans_and_runs() {
         let raw = crate::Decoder::new(crate::Format::Raw, false);
-        let mut chunk = sluice_offsets::RecordChunk::default();
-        chunk.push_record(&sluice_offsets::Record {
+        let mut chunk = sluice_core::RecordChunk::default();
+        chunk.push_record(&sluice_core::Record {
             topic: Arc::from("orders"),
             partition: 1,
-            offset: sluice_offsets::Offset::new(5).unwrap(),
+            offset: sluice_core::Offset::new(5).unwrap(),
             timestamp_ms: Some(1_700_000_000_000),
-            timestamp_type: sluice_offsets::TimestampType::CreateTime,
+            timestamp_type: sluice_core::TimestampType::CreateTime,
             key: Some(b"k".to_vec()),
             value: Some(
                 br#"{"customer":"ann","order":7,"amount":120.5,"tags":["a","b"]}"#.to_vec(),

@@ -2,7 +2,7 @@
 //! whose versions are Arrow IPC files, one per state partition.
 
 use arrow::array::RecordBatch;
-use sluice_offsets::{StateFile, StateOperatorStats, StatefulOperator};
+use sluice_core::{StateFile, StateOperatorStats, StatefulOperator};
 
 use crate::{Aggregation, StateError, decode, encode};
 

@@ -2,7 +2,7 @@
 //! per file, in a Cassandra partition per operator and state partition, each
 //! write conditional on the runner's claim as the offset log's writes are.
 
-use sluice_offsets::{StateFile, StateFileId, StateFileKind, StateStore};
+use sluice_core::{StateFile, StateFileId, StateFileKind, StateStore};
 
 use super::*;
 

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use sluice_offsets::{
+use sluice_core::{
     BatchId, OffsetStore, Processor, Source, StateFile, StateFileId, StateFileKind, StateGap,
     StateStore, StatefulOperator, Writes, state_files_for, state_files_to_purge_in,
 };

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
+use sluice_core::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
 
 use super::rows::{textual, write_rows_json};
 use super::{SinkError, write_record_json};

@@ -1,7 +1,7 @@
 //! `discard`: a sink that keeps nothing, for measuring everything but the sink.
 
 use arrow::array::RecordBatch;
-use sluice_offsets::{RecordChunk, Sink, Writes};
+use sluice_core::{RecordChunk, Sink, Writes};
 
 use super::SinkError;
 

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
+use sluice_core::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
 
 use super::rows::write_rows_json;
 use super::{SinkError, write_record_json};
@@ -57,7 +57,7 @@ impl JsonlSink {
     /// whoever settles it replaces its own file.
     pub fn for_generation(
         dir: impl Into<PathBuf>,
-        generation: &sluice_offsets::Generation,
+        generation: &sluice_core::Generation,
     ) -> Result<JsonlSink, SinkError> {
         let mut sink = JsonlSink::new(dir)?;
         sink.prefix = format!("batch-{generation}-");

@@ -11,7 +11,7 @@ use std::io;
 use std::path::PathBuf;
 
 use base64::Engine as _;
-use sluice_offsets::{RecordRef, TimestampType};
+use sluice_core::{RecordRef, TimestampType};
 
 pub use console::{ConsoleFormat, ConsoleSink, DEFAULT_NUM_ROWS};
 pub use discard::DiscardSink;
@@ -132,7 +132,7 @@ fn put_bytes(out: &mut Vec<u8>, name: &str, bytes: Option<&[u8]>) {
 mod tests {
     use std::sync::Arc;
 
-    use sluice_offsets::{Header, Offset, Record};
+    use sluice_core::{Header, Offset, Record};
 
     use super::*;
 
@@ -151,7 +151,7 @@ mod tests {
                 value: None,
             }],
         };
-        let mut chunk = sluice_offsets::RecordChunk::default();
+        let mut chunk = sluice_core::RecordChunk::default();
         chunk.push_record(&record);
         let mut out = Vec::new();
         write_record_json(&mut out, chunk.iter().next().unwrap());

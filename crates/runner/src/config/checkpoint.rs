@@ -181,7 +181,7 @@ impl CheckpointSection {
                  the newest batch"
             ),
             Some(n) => Ok(n),
-            None => Ok(sluice_offsets::DEFAULT_MIN_BATCHES_TO_RETAIN),
+            None => Ok(sluice_core::DEFAULT_MIN_BATCHES_TO_RETAIN),
         }
     }
 }

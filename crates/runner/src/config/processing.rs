@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
-use sluice_kafka_source::KafkaSourceConfig;
-use sluice_offsets::BadRecordPolicy;
+use sluice_core::BadRecordPolicy;
+use sluice_kafka::KafkaSourceConfig;
 
 use super::source::SourceSection;
 use super::values::{parse_duration, with_source_security};
@@ -47,7 +47,7 @@ pub struct Processing {
     /// The SQL, if any.
     pub sql: Option<String>,
     /// What happens to records whose values do not decode.
-    pub on_bad_record: sluice_offsets::BadRecordPolicy,
+    pub on_bad_record: sluice_core::BadRecordPolicy,
     /// The event-time column and the watermark delay in milliseconds.
     pub watermark: Option<(String, i64)>,
     /// `[query] output_mode`, when set.
@@ -85,7 +85,7 @@ pub enum DeadLetters {
     /// JSON-lines files in a directory, one per batch.
     Directory(PathBuf),
     /// A Kafka topic.
-    Kafka(sluice_kafka_source::KafkaSinkConfig),
+    Kafka(sluice_kafka::KafkaSinkConfig),
 }
 
 /// The processing of `[source]`'s values and `[query]`, and where values
@@ -243,7 +243,7 @@ fn dead_letters(
                      names a directory (path)"
                 ),
                 (Some(path), None) => DeadLetters::Directory(path),
-                (None, Some(topic)) => DeadLetters::Kafka(sluice_kafka_source::KafkaSinkConfig {
+                (None, Some(topic)) => DeadLetters::Kafka(sluice_kafka::KafkaSinkConfig {
                     // On the source's cluster, it reaches it as the source does.
                     client_options: match &dead.bootstrap_servers {
                         None => with_source_security(&kafka.client_options, BTreeMap::new()),
@@ -253,7 +253,7 @@ fn dead_letters(
                         .bootstrap_servers
                         .unwrap_or_else(|| kafka.bootstrap_servers.clone()),
                     topic,
-                    delivery: sluice_kafka_source::Delivery::AtLeastOnce,
+                    delivery: sluice_kafka::Delivery::AtLeastOnce,
                 }),
                 _ => bail!("[dead_letter] takes path or topic, exactly one"),
             }

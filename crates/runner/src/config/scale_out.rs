@@ -5,7 +5,7 @@
 use anyhow::{Result, bail};
 use serde::Deserialize;
 use sluice_executor::Trigger;
-use sluice_kafka_source::KafkaSourceConfig;
+use sluice_kafka::KafkaSourceConfig;
 
 use super::checkpoint::StoreKind;
 use super::processing::DeadLetters;
@@ -29,8 +29,8 @@ pub(super) fn scale_out(
     checkpoint: &StoreKind,
     trigger: Trigger,
     dead_letters: &DeadLetters,
-) -> Result<Option<sluice_kafka_source::GroupProtocol>> {
-    use sluice_kafka_source::GroupProtocol;
+) -> Result<Option<sluice_kafka::GroupProtocol>> {
+    use sluice_kafka::GroupProtocol;
     if !section.enabled {
         if section.group_protocol.is_some() {
             bail!("scale_out.group_protocol applies with scale_out.enabled = true");
@@ -51,7 +51,7 @@ pub(super) fn scale_out(
              group, which shares the partitions among them"
         );
     }
-    sluice_kafka_source::GroupConfig::topics_of(&kafka.selection)
+    sluice_kafka::GroupConfig::topics_of(&kafka.selection)
         .map_err(|e| anyhow::anyhow!("scale_out: {e}"))?;
     for key in ["group.protocol", "partition.assignment.strategy"] {
         if kafka.client_options.contains_key(key) {
@@ -88,7 +88,7 @@ pub(super) fn scale_out(
         );
     }
     if let DeadLetters::Kafka(config) = dead_letters
-        && config.delivery == sluice_kafka_source::Delivery::ExactlyOnce
+        && config.delivery == sluice_kafka::Delivery::ExactlyOnce
     {
         bail!("[dead_letter] to Kafka is at least once with scale_out");
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use sluice_executor::Trigger;
-use sluice_kafka_source::KafkaSourceConfig;
+use sluice_kafka::KafkaSourceConfig;
 
 use super::checkpoint::CassandraAuth;
 use super::processing::Processing;
@@ -62,7 +62,7 @@ pub enum SinkKind {
     Jsonl {
         path: PathBuf,
     },
-    Kafka(sluice_kafka_source::KafkaSinkConfig),
+    Kafka(sluice_kafka::KafkaSinkConfig),
     Cassandra(sluice_cassandra_store::CassandraSinkConfig),
 }
 
@@ -167,8 +167,8 @@ fn kafka_sink(
     trigger: Trigger,
 ) -> Result<SinkKind> {
     let delivery = match section.delivery.as_deref() {
-        None | Some("at_least_once") => sluice_kafka_source::Delivery::AtLeastOnce,
-        Some("exactly_once") => sluice_kafka_source::Delivery::ExactlyOnce,
+        None | Some("at_least_once") => sluice_kafka::Delivery::AtLeastOnce,
+        Some("exactly_once") => sluice_kafka::Delivery::ExactlyOnce,
         Some(other) => {
             bail!("sink.delivery must be \"at_least_once\" or \"exactly_once\", not {other:?}")
         }
@@ -182,8 +182,7 @@ fn kafka_sink(
     let bootstrap_servers = section
         .bootstrap_servers
         .unwrap_or_else(|| kafka.bootstrap_servers.clone());
-    if delivery == sluice_kafka_source::Delivery::ExactlyOnce
-        && matches!(trigger, Trigger::Continuous(_))
+    if delivery == sluice_kafka::Delivery::ExactlyOnce && matches!(trigger, Trigger::Continuous(_))
     {
         bail!(
             "sink.delivery = \"exactly_once\" with trigger.continuous: an epoch's \
@@ -193,7 +192,7 @@ fn kafka_sink(
                  exactly once within milliseconds"
         );
     }
-    if delivery == sluice_kafka_source::Delivery::ExactlyOnce
+    if delivery == sluice_kafka::Delivery::ExactlyOnce
         && bootstrap_servers != kafka.bootstrap_servers
     {
         bail!(
@@ -204,7 +203,7 @@ fn kafka_sink(
                  sink.bootstrap_servers out, or use at_least_once"
         );
     }
-    Ok(SinkKind::Kafka(sluice_kafka_source::KafkaSinkConfig {
+    Ok(SinkKind::Kafka(sluice_kafka::KafkaSinkConfig {
         bootstrap_servers,
         topic: section
             .topic

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
-use sluice_kafka_source::{KafkaSourceConfig, TopicSelection};
-use sluice_offsets::{
+use sluice_core::{
     MinOffsetsPerTrigger, StartingOptions, TimestampFallback, TopicPartition,
     parse_starting_offsets, values_from_json,
 };
+use sluice_kafka::{KafkaSourceConfig, TopicSelection};
 
 use super::BOOTSTRAP_ENV;
 use super::values::{client_options, parse_duration};

@@ -88,10 +88,7 @@ fn a_minimal_config_gets_sparks_defaults() {
     assert!(s.kafka.fail_on_data_loss);
     assert_eq!(s.min_batches_to_retain, 100);
     assert_eq!(s.source_description, "KafkaV2[Subscribe[events]]");
-    assert_eq!(
-        s.starting.resolve(),
-        sluice_offsets::StartingOffsets::Latest
-    );
+    assert_eq!(s.starting.resolve(), sluice_core::StartingOffsets::Latest);
 }
 
 #[test]
@@ -312,7 +309,7 @@ fn scale_out_needs_a_group_subscribe_and_cassandra_and_refuses_what_it_cannot_sh
     let settings = parse(&config(group, cassandra, "")).unwrap();
     assert_eq!(
         settings.scale_out,
-        Some(sluice_kafka_source::GroupProtocol::Classic)
+        Some(sluice_kafka::GroupProtocol::Classic)
     );
     let consumer = config(group, cassandra, "").replace(
         "enabled = true",
@@ -320,7 +317,7 @@ fn scale_out_needs_a_group_subscribe_and_cassandra_and_refuses_what_it_cannot_sh
     );
     assert_eq!(
         parse(&consumer).unwrap().scale_out,
-        Some(sluice_kafka_source::GroupProtocol::Consumer)
+        Some(sluice_kafka::GroupProtocol::Consumer)
     );
     let err = |text: String| format!("{:#}", parse(&text).unwrap_err());
     for (text, expected) in [

@@ -34,7 +34,7 @@ pub(super) fn client_options(
             toml::Value::Integer(i) => i.to_string(),
             toml::Value::Boolean(b) => b.to_string(),
             toml::Value::Float(f) => f.to_string(),
-            _ if sluice_kafka_source::is_secret_option(key) => {
+            _ if sluice_kafka::is_secret_option(key) => {
                 bail!("[{table}] {key} must be a string")
             }
             other => bail!("[{table}] {key} must be a string, number or boolean, not {other}"),
@@ -52,7 +52,7 @@ pub(super) fn with_source_security(
 ) -> BTreeMap<String, String> {
     let mut options: BTreeMap<String, String> = source
         .iter()
-        .filter(|(key, _)| sluice_kafka_source::is_security_option(key))
+        .filter(|(key, _)| sluice_kafka::is_security_option(key))
         .map(|(key, value)| (key.clone(), value.clone()))
         .collect();
     options.extend(own);

@@ -1,6 +1,8 @@
-//! The pure model of Sluice: topic-partitions, offsets, offset ranges, batch plans,
-//! starting-offset and reset policies, data-loss classification and Spark-compatible
-//! offset JSON, plus the traits that the offset stores implement.
+//! The core of Sluice: its pure model (topic-partitions, offsets, offset ranges,
+//! batch plans, what a batch reads, starting-offset and reset policies,
+//! data-loss classification, state files and Spark-compatible offset JSON) and
+//! the seams every part implements: the source, the stores, the processor and
+//! its stateful operators, and the sink.
 //!
 //! This crate does no I/O and depends on no async runtime, so that every decision
 //! about what a batch reads and how a restart recovers is a plain function that can
@@ -9,7 +11,7 @@
 //! An [`Offset`] always means "the next offset to read", as in Kafka and Spark.
 //!
 //! ```
-//! use sluice_offsets::{Offset, PartitionOffsets, TopicPartition, offsets_to_json};
+//! use sluice_core::{Offset, PartitionOffsets, TopicPartition, offsets_to_json};
 //!
 //! let mut offsets = PartitionOffsets::new();
 //! offsets.insert(TopicPartition::new("events", 1), Offset::new(5).unwrap());

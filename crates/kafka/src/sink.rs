@@ -23,16 +23,16 @@ use std::time::Duration;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::error::{KafkaError as RdKafkaError, KafkaResult};
 use rdkafka::message::Message;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
-use sluice_offsets::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
+use sluice_core::{BatchId, OffsetRange, RecordChunk, Sink, Writes};
 
 use crate::refusal::Refusals;
-use crate::{KafkaSourceError, off_thread};
+use crate::{KafkaError, off_thread};
 
 /// Where the `kafka` sink writes. Its `Debug` hides the values of secret
 /// client options.
@@ -111,7 +111,7 @@ fn flush_promptly(producer: &ThreadedProducer<Deliveries>, timeout: Duration) ->
     let code = unsafe { rdkafka::bindings::rd_kafka_flush(producer.client().native_ptr(), millis) };
     match RDKafkaErrorCode::from(code) {
         RDKafkaErrorCode::NoError => Ok(()),
-        code => Err(KafkaError::Flush(code)),
+        code => Err(RdKafkaError::Flush(code)),
     }
 }
 
@@ -136,11 +136,11 @@ struct Transactions {
 /// An admin client of the output cluster, with the sink's security settings.
 fn admin_of(
     config: &KafkaSinkConfig,
-) -> Result<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>, KafkaSourceError> {
+) -> Result<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>, KafkaError> {
     security_config(config)
         .set("bootstrap.servers", &config.bootstrap_servers)
         .create()
-        .map_err(|source| KafkaSourceError::Client {
+        .map_err(|source| KafkaError::Client {
             bootstrap: config.bootstrap_servers.clone(),
             source: Box::new(source),
         })
@@ -171,7 +171,7 @@ pub struct KafkaSink {
 impl KafkaSink {
     /// A sink for `query_id`, with an idempotent producer (`acks=all`), and for
     /// exactly once a transactional one whose id is [`KafkaSink::transactional_id`].
-    pub fn new(config: KafkaSinkConfig, query_id: &str) -> Result<KafkaSink, KafkaSourceError> {
+    pub fn new(config: KafkaSinkConfig, query_id: &str) -> Result<KafkaSink, KafkaError> {
         let id = Self::transactional_id(query_id, &config.topic);
         Self::with_transactional_id(config, query_id, id)
     }
@@ -186,7 +186,7 @@ impl KafkaSink {
         config: KafkaSinkConfig,
         query_id: &str,
         generation: &str,
-    ) -> Result<KafkaSink, KafkaSourceError> {
+    ) -> Result<KafkaSink, KafkaError> {
         let id = Self::generation_transactional_id(query_id, &config.topic, generation);
         Self::with_transactional_id(config, query_id, id)
     }
@@ -195,9 +195,9 @@ impl KafkaSink {
         config: KafkaSinkConfig,
         query_id: &str,
         id: String,
-    ) -> Result<KafkaSink, KafkaSourceError> {
+    ) -> Result<KafkaSink, KafkaError> {
         Self::check_options(&config)?;
-        let client_error = |source| KafkaSourceError::Client {
+        let client_error = |source| KafkaError::Client {
             bootstrap: config.bootstrap_servers.clone(),
             source: Box::new(source),
         };
@@ -251,10 +251,10 @@ impl KafkaSink {
     }
 
     /// Refuses the producer options the sink sets itself.
-    pub fn check_options(config: &KafkaSinkConfig) -> Result<(), KafkaSourceError> {
+    pub fn check_options(config: &KafkaSinkConfig) -> Result<(), KafkaError> {
         for key in ["enable.idempotence", "acks", "bootstrap.servers"] {
             if config.client_options.contains_key(key) {
-                return Err(KafkaSourceError::OwnedOption {
+                return Err(KafkaError::OwnedOption {
                     option: key.to_owned(),
                     reason: "the kafka sink always produces idempotently with acks=all to the \
                              configured bootstrap_servers",
@@ -262,7 +262,7 @@ impl KafkaSink {
             }
         }
         if config.client_options.contains_key("transactional.id") {
-            return Err(KafkaSourceError::OwnedOption {
+            return Err(KafkaError::OwnedOption {
                 option: "transactional.id".to_owned(),
                 reason: "with delivery = \"exactly_once\" the sink derives it from the query id \
                          and the topic, so that a restarted runner fences the one before it and \
@@ -275,9 +275,7 @@ impl KafkaSink {
     /// Checks, for exactly once, that `transaction.timeout.ms` (librdkafka's
     /// 60000 unless set) is within the broker's `transaction.max.timeout.ms`,
     /// which would otherwise refuse every transaction.
-    pub async fn check_transaction_timeout(
-        config: &KafkaSinkConfig,
-    ) -> Result<(), KafkaSourceError> {
+    pub async fn check_transaction_timeout(config: &KafkaSinkConfig) -> Result<(), KafkaError> {
         use rdkafka::admin::{AdminOptions, ResourceSpecifier};
         if config.delivery != Delivery::ExactlyOnce {
             return Ok(());
@@ -285,7 +283,7 @@ impl KafkaSink {
         let ours = match config.client_options.get("transaction.timeout.ms") {
             None => DEFAULT_TRANSACTION_TIMEOUT_MS,
             Some(text) => text.parse::<u64>().map_err(|_| {
-                KafkaSourceError::Config(format!(
+                KafkaError::Config(format!(
                     "sink.kafka.\"transaction.timeout.ms\" = {text:?} is not a number of \
                      milliseconds"
                 ))
@@ -293,7 +291,7 @@ impl KafkaSink {
         };
         let failed = |what: &str| {
             let what = what.to_owned();
-            move |source| KafkaSourceError::Kafka {
+            move |source| KafkaError::Kafka {
                 what,
                 source: Box::new(source),
             }
@@ -322,7 +320,7 @@ impl KafkaSink {
             .and_then(|e| e.value.as_deref())
             .and_then(|v| v.parse::<u64>().ok());
         match most {
-            Some(most) if ours > most => Err(KafkaSourceError::Config(format!(
+            Some(most) if ours > most => Err(KafkaError::Config(format!(
                 "sink.kafka.\"transaction.timeout.ms\" = {ours} is above the broker's \
                  transaction.max.timeout.ms = {most} (broker {broker} at {}), so every \
                  transaction of the exactly-once sink would be refused; set it at most {most}, \
@@ -356,14 +354,14 @@ impl KafkaSink {
         config: &KafkaSinkConfig,
         query_id: &str,
         generation: &str,
-    ) -> Result<(), KafkaSourceError> {
+    ) -> Result<(), KafkaError> {
         use rdkafka::admin::AdminOptions;
         if config.delivery != Delivery::ExactlyOnce {
             return Ok(());
         }
         let group = Self::generation_transactional_id(query_id, &config.topic, generation);
         let what = format!("deleting the offsets group {group} of a finished generation");
-        let failed = |source| KafkaSourceError::Kafka {
+        let failed = |source| KafkaError::Kafka {
             what: what.clone(),
             source: Box::new(source),
         };
@@ -378,7 +376,7 @@ impl KafkaSink {
         for result in results {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::GroupIdNotFound)) => {}
-                Err((_, code)) => return Err(failed(KafkaError::AdminOp(code))),
+                Err((_, code)) => return Err(failed(RdKafkaError::AdminOp(code))),
             }
         }
         Ok(())
@@ -389,7 +387,7 @@ impl KafkaSink {
         &self,
         what: String,
         call: impl FnOnce(&ThreadedProducer<Deliveries>) -> KafkaResult<()> + Send + 'static,
-    ) -> Result<(), KafkaSourceError> {
+    ) -> Result<(), KafkaError> {
         let producer = self.producer.clone();
         let result = off_thread(move || call(&producer)).await?;
         self.refused(result.map_err(|source| self.transaction_error(what, source)))
@@ -397,7 +395,7 @@ impl KafkaSink {
 
     /// An error the cluster's refusal explains (a failed login or handshake)
     /// as that refusal, which no retry changes; a success forgets earlier ones.
-    fn refused<T>(&self, result: Result<T, KafkaSourceError>) -> Result<T, KafkaSourceError> {
+    fn refused<T>(&self, result: Result<T, KafkaError>) -> Result<T, KafkaError> {
         let refusals = &self.producer.context().refusals;
         match result {
             Ok(value) => {
@@ -405,8 +403,8 @@ impl KafkaSink {
                 Ok(value)
             }
             Err(e) => match (refusals.last(), &e) {
-                (_, KafkaSourceError::Fenced { .. }) | (None, _) => Err(e),
-                (Some(why), _) => Err(KafkaSourceError::Refused {
+                (_, KafkaError::Fenced { .. }) | (None, _) => Err(e),
+                (Some(why), _) => Err(KafkaError::Refused {
                     bootstrap: self.bootstrap.clone(),
                     what: e.to_string(),
                     why,
@@ -417,7 +415,7 @@ impl KafkaSink {
 
     /// Makes a new producer when the old one was fenced, which ends a
     /// transactional producer for good, then fences every earlier one.
-    async fn take_over_transactions(&mut self) -> Result<(), KafkaSourceError> {
+    async fn take_over_transactions(&mut self) -> Result<(), KafkaError> {
         self.settle_offsets().await;
         let Some(t) = self.transactions.as_mut() else {
             return Ok(());
@@ -428,7 +426,7 @@ impl KafkaSink {
             self.producer = self
                 .client
                 .create_with_context(Deliveries::default())
-                .map_err(|source| KafkaSourceError::Client {
+                .map_err(|source| KafkaError::Client {
                     bootstrap: self.bootstrap.clone(),
                     source: Box::new(source),
                 })?;
@@ -438,7 +436,7 @@ impl KafkaSink {
 
     /// What a failed transaction call means: fenced by a newer runner, to be
     /// aborted and written again, or a failure of its own.
-    fn transaction_error(&self, what: String, source: KafkaError) -> KafkaSourceError {
+    fn transaction_error(&self, what: String, source: RdKafkaError) -> KafkaError {
         let id = self
             .transactions
             .as_ref()
@@ -457,15 +455,15 @@ impl KafkaSink {
             )
         );
         match &source {
-            _ if fenced => KafkaSourceError::Fenced {
+            _ if fenced => KafkaError::Fenced {
                 transactional_id: id,
                 source: Box::new(source),
             },
-            KafkaError::Transaction(e) if e.is_fatal() => KafkaSourceError::Kafka {
+            RdKafkaError::Transaction(e) if e.is_fatal() => KafkaError::Kafka {
                 what,
                 source: Box::new(source),
             },
-            _ => KafkaSourceError::Aborted {
+            _ => KafkaError::Aborted {
                 what,
                 source: Box::new(source),
             },
@@ -474,7 +472,7 @@ impl KafkaSink {
 
     /// Runs `init_transactions` once: it fences every earlier producer of the
     /// id and settles the transaction it left.
-    async fn ensure_ready(&mut self) -> Result<(), KafkaSourceError> {
+    async fn ensure_ready(&mut self) -> Result<(), KafkaError> {
         if self.transactions.as_ref().is_none_or(|t| t.ready) {
             return Ok(());
         }
@@ -498,7 +496,7 @@ impl KafkaSink {
     }
 
     /// Aborts the open transaction, if any, dropping what it produced.
-    async fn abort_open(&mut self) -> Result<(), KafkaSourceError> {
+    async fn abort_open(&mut self) -> Result<(), KafkaError> {
         self.settle_offsets().await;
         if !self.transactions.as_ref().is_some_and(|t| t.open) {
             return Ok(());
@@ -516,8 +514,8 @@ impl KafkaSink {
 
     /// After a failure inside the open transaction: aborts it (an abort that
     /// fails too is logged; the next begin tries again) and returns `error`.
-    async fn fail_transaction(&mut self, error: KafkaSourceError) -> KafkaSourceError {
-        if matches!(error, KafkaSourceError::Fenced { .. }) {
+    async fn fail_transaction(&mut self, error: KafkaError) -> KafkaError {
+        if matches!(error, KafkaError::Fenced { .. }) {
             return error;
         }
         if let Err(abort) = self.abort_open().await {
@@ -525,14 +523,14 @@ impl KafkaSink {
             return abort;
         }
         match error {
-            KafkaSourceError::Kafka { what, source } => KafkaSourceError::Aborted { what, source },
+            KafkaError::Kafka { what, source } => KafkaError::Aborted { what, source },
             other => other,
         }
     }
 
     /// Sends the batch's source end offsets into the open transaction on a
     /// blocking thread, for [`KafkaSink::commit_open`] to wait for.
-    fn send_offsets(&mut self, batch: BatchId) -> Result<(), KafkaSourceError> {
+    fn send_offsets(&mut self, batch: BatchId) -> Result<(), KafkaError> {
         let Some(t) = self.transactions.as_ref() else {
             return Ok(());
         };
@@ -554,37 +552,34 @@ impl KafkaSink {
     fn end_offsets(
         t: &Transactions,
         batch: BatchId,
-    ) -> Result<(TopicPartitionList, rdkafka::consumer::ConsumerGroupMetadata), KafkaSourceError>
-    {
+    ) -> Result<(TopicPartitionList, rdkafka::consumer::ConsumerGroupMetadata), KafkaError> {
         let mut offsets = TopicPartitionList::new();
         for range in &t.ranges {
             let tp = &range.topic_partition;
             let mut element = offsets.add_partition(&tp.topic, tp.partition);
             element
                 .set_offset(KafkaOffset::Offset(range.until.value()))
-                .map_err(|source| KafkaSourceError::Kafka {
+                .map_err(|source| KafkaError::Kafka {
                     what: format!("recording the end of {tp}"),
                     source: Box::new(source),
                 })?;
             element.set_metadata(batch_marker(batch));
         }
         let metadata = t.group.group_metadata().ok_or_else(|| {
-            KafkaSourceError::Task(format!("no consumer group metadata for group {}", t.id))
+            KafkaError::Task(format!("no consumer group metadata for group {}", t.id))
         })?;
         Ok((offsets, metadata))
     }
 
     /// Commits the open transaction with the batch's source end offsets in it.
-    async fn commit_open(&mut self, batch: BatchId) -> Result<(), KafkaSourceError> {
+    async fn commit_open(&mut self, batch: BatchId) -> Result<(), KafkaError> {
         let Some(t) = self.transactions.as_mut() else {
             return Ok(());
         };
         let what = format!("committing the transaction of batch {batch}");
         // A batch without ranges (nothing to read) has no offsets to send.
         if let Some(pending) = t.offsets.take() {
-            let sent = pending
-                .await
-                .map_err(|e| KafkaSourceError::Task(e.to_string()))?;
+            let sent = pending.await.map_err(|e| KafkaError::Task(e.to_string()))?;
             self.refused(sent.map_err(|source| self.transaction_error(what.clone(), source)))?;
         }
         self.transaction_call(what, |p| p.commit_transaction(TRANSACTION_CALL_TIMEOUT))
@@ -599,18 +594,18 @@ impl KafkaSink {
 impl KafkaSink {
     /// Waits until everything produced is acknowledged, and names the first
     /// record the broker refused.
-    async fn flush(&mut self) -> Result<(), KafkaSourceError> {
+    async fn flush(&mut self) -> Result<(), KafkaError> {
         let batch = self.batch;
         let producer = self.producer.clone();
         let flushed = off_thread(move || flush_promptly(&producer, FLUSH_TIMEOUT))
             .await?
-            .map_err(|source| KafkaSourceError::Kafka {
+            .map_err(|source| KafkaError::Kafka {
                 what: format!("flushing batch {batch}"),
                 source: Box::new(source),
             });
         let delivered = flushed.and_then(|()| match self.producer.context().take_failure() {
             None => Ok(()),
-            Some((partition, source)) => Err(KafkaSourceError::Kafka {
+            Some((partition, source)) => Err(KafkaError::Kafka {
                 what: format!("producing batch {batch} to {partition}"),
                 source: Box::new(source),
             }),
@@ -621,10 +616,10 @@ impl KafkaSink {
     /// `error` as `Fenced` when the producer failed for good because a newer
     /// producer of its transactional id fenced it: a send or a flush then says
     /// only "fatal error", and the producer keeps the reason.
-    fn fenced_or(&self, error: KafkaSourceError) -> KafkaSourceError {
+    fn fenced_or(&self, error: KafkaError) -> KafkaError {
         let fatal = matches!(
             &error,
-            KafkaSourceError::Kafka { source, .. }
+            KafkaError::Kafka { source, .. }
                 if source.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal)
         );
         let fenced = fatal
@@ -638,12 +633,10 @@ impl KafkaSink {
                 ))
             );
         match (error, &self.transactions) {
-            (KafkaSourceError::Kafka { source, .. }, Some(t)) if fenced => {
-                KafkaSourceError::Fenced {
-                    transactional_id: t.id.clone(),
-                    source,
-                }
-            }
+            (KafkaError::Kafka { source, .. }, Some(t)) if fenced => KafkaError::Fenced {
+                transactional_id: t.id.clone(),
+                source,
+            },
             (error, _) => error,
         }
     }
@@ -654,12 +647,12 @@ impl KafkaSink {
 /// more than producing it; a batch waits for all of them with one flush.
 #[derive(Default)]
 pub struct Deliveries {
-    failed: Mutex<Option<(String, KafkaError)>>,
+    failed: Mutex<Option<(String, RdKafkaError)>>,
     refusals: Refusals,
 }
 
 impl Deliveries {
-    fn take_failure(&self) -> Option<(String, KafkaError)> {
+    fn take_failure(&self) -> Option<(String, RdKafkaError)> {
         self.failed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -672,7 +665,7 @@ impl ClientContext for Deliveries {
         crate::route_log(&self.refusals, level, facility, message);
     }
 
-    fn error(&self, error: KafkaError, reason: &str) {
+    fn error(&self, error: RdKafkaError, reason: &str) {
         crate::route_error(&self.refusals, &error, reason);
     }
 }
@@ -715,7 +708,7 @@ impl KafkaSink {
     /// text or bytes; optionally `key` (text or bytes), `headers` (a list of
     /// `key`, `value` structs), `topic` (text) and `partition` (an int); and no
     /// other column, which would be lost.
-    pub fn check_rows(schema: &arrow::datatypes::Schema) -> Result<(), KafkaSourceError> {
+    pub fn check_rows(schema: &arrow::datatypes::Schema) -> Result<(), KafkaError> {
         use arrow::datatypes::DataType;
         let bytes = |t: &DataType| {
             matches!(
@@ -728,7 +721,7 @@ impl KafkaSink {
                     | DataType::BinaryView
             )
         };
-        let problem = |what: String| Err(KafkaSourceError::Config(format!("kafka sink: {what}")));
+        let problem = |what: String| Err(KafkaError::Config(format!("kafka sink: {what}")));
         if schema.index_of("value").is_err() {
             return problem(
                 "the query must output a `value` column, the record's value (SELECT ... AS value); \
@@ -767,7 +760,7 @@ impl KafkaSink {
     }
 
     /// Produces one message, waiting while the producer's queue is full.
-    async fn produce(&mut self, message: Outgoing<'_>) -> Result<(), KafkaSourceError> {
+    async fn produce(&mut self, message: Outgoing<'_>) -> Result<(), KafkaError> {
         let Outgoing {
             topic,
             key,
@@ -793,14 +786,14 @@ impl KafkaSink {
         loop {
             match self.producer.send(out) {
                 Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                Err((RdKafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     // Backpressure, not a retry: the producer's queue is full,
                     // and its thread drains it.
                     out = back;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err((source, _)) => {
-                    return Err(self.fenced_or(KafkaSourceError::Kafka {
+                    return Err(self.fenced_or(KafkaError::Kafka {
                         what: format!("producing {position} to {topic}"),
                         source: Box::new(source),
                     }));
@@ -858,7 +851,7 @@ fn bytes_at(array: &dyn arrow::array::Array, i: usize) -> Option<&[u8]> {
 }
 
 impl Writes<arrow::array::RecordBatch> for KafkaSink {
-    async fn write(&mut self, rows: &arrow::array::RecordBatch) -> Result<(), KafkaSourceError> {
+    async fn write(&mut self, rows: &arrow::array::RecordBatch) -> Result<(), KafkaError> {
         use arrow::array::{Array, AsArray};
         use arrow::datatypes::{DataType, Int32Type, Int64Type};
         Self::check_rows(&rows.schema())?;
@@ -934,21 +927,21 @@ impl Writes<arrow::array::RecordBatch> for KafkaSink {
 }
 
 impl Sink for KafkaSink {
-    type Error = KafkaSourceError;
+    type Error = KafkaError;
 
-    async fn take_over(&mut self) -> Result<(), KafkaSourceError> {
+    async fn take_over(&mut self) -> Result<(), KafkaError> {
         self.take_over_transactions().await
     }
 
-    fn is_fenced(error: &KafkaSourceError) -> bool {
-        matches!(error, KafkaSourceError::Fenced { .. })
+    fn is_fenced(error: &KafkaError) -> bool {
+        matches!(error, KafkaError::Fenced { .. })
     }
 
     async fn begin_batch(
         &mut self,
         batch: BatchId,
         ranges: &[OffsetRange],
-    ) -> Result<(), KafkaSourceError> {
+    ) -> Result<(), KafkaError> {
         if self.transactions.is_some() {
             // An attempt begun again: what it produced is aborted, unseen.
             self.ensure_ready().await?;
@@ -972,20 +965,20 @@ impl Sink for KafkaSink {
         Ok(())
     }
 
-    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), KafkaSourceError> {
+    async fn finish_batch(&mut self, batch: BatchId) -> Result<(), KafkaError> {
         if let Err(e) = self.flush().await {
             return Err(self.fail_transaction(e).await);
         }
         if self.transactions.is_some() {
             return match self.commit_open(batch).await {
                 Ok(()) => Ok(()),
-                Err(e @ KafkaSourceError::Aborted { .. }) if requires_abort(&e) => {
+                Err(e @ KafkaError::Aborted { .. }) if requires_abort(&e) => {
                     Err(self.fail_transaction(e).await)
                 }
                 // Whether the commit went through is not known: the next runner's
                 // `init_transactions` settles it, and `delivered` reads the outcome.
-                Err(KafkaSourceError::Aborted { what, source }) => {
-                    Err(KafkaSourceError::CommitUnknown { what, source })
+                Err(KafkaError::Aborted { what, source }) => {
+                    Err(KafkaError::CommitUnknown { what, source })
                 }
                 Err(e) => Err(e),
             };
@@ -993,12 +986,12 @@ impl Sink for KafkaSink {
         Ok(())
     }
 
-    fn is_transient(error: &KafkaSourceError) -> bool {
+    fn is_transient(error: &KafkaError) -> bool {
         match error {
-            KafkaSourceError::Aborted { .. } => true,
+            KafkaError::Aborted { .. } => true,
             // At least once, a batch whose records were not all acknowledged is
             // produced again; its duplicates carry the same dedupe headers.
-            KafkaSourceError::Kafka { source, .. } => retriable(source),
+            KafkaError::Kafka { source, .. } => retriable(source),
             _ => false,
         }
     }
@@ -1007,7 +1000,7 @@ impl Sink for KafkaSink {
         &mut self,
         batch: BatchId,
         ranges: &[OffsetRange],
-    ) -> Result<bool, KafkaSourceError> {
+    ) -> Result<bool, KafkaError> {
         if self.transactions.is_none() || ranges.is_empty() {
             return Ok(false);
         }
@@ -1027,7 +1020,7 @@ impl Sink for KafkaSink {
         let committed =
             off_thread(move || group.committed_offsets(wanted, TRANSACTION_CALL_TIMEOUT))
                 .await?
-                .map_err(|source| KafkaSourceError::Kafka {
+                .map_err(|source| KafkaError::Kafka {
                     what: format!("reading the offsets of group {id}"),
                     source: Box::new(source),
                 })?;
@@ -1044,7 +1037,7 @@ impl Sink for KafkaSink {
 }
 
 impl Writes for KafkaSink {
-    async fn write(&mut self, records: &RecordChunk) -> Result<(), KafkaSourceError> {
+    async fn write(&mut self, records: &RecordChunk) -> Result<(), KafkaError> {
         for record in records {
             let position = format!(
                 "{}-{}@{}",
@@ -1077,8 +1070,8 @@ impl Writes for KafkaSink {
 /// Whether a produce or flush failure may go away when the batch is produced
 /// again: the cluster was away or slow, not the record or the rights wrong. A
 /// transaction's errors are classified apart, as fenced, aborted or unknown.
-fn retriable(error: &KafkaError) -> bool {
-    if matches!(error, KafkaError::Transaction(_)) {
+fn retriable(error: &RdKafkaError) -> bool {
+    if matches!(error, RdKafkaError::Transaction(_)) {
         return false;
     }
     matches!(
@@ -1102,10 +1095,10 @@ fn retriable(error: &KafkaError) -> bool {
     )
 }
 
-fn requires_abort(error: &KafkaSourceError) -> bool {
+fn requires_abort(error: &KafkaError) -> bool {
     match error {
-        KafkaSourceError::Aborted { source, .. } => match source.as_ref() {
-            KafkaError::Transaction(e) => e.txn_requires_abort(),
+        KafkaError::Aborted { source, .. } => match source.as_ref() {
+            RdKafkaError::Transaction(e) => e.txn_requires_abort(),
             _ => false,
         },
         _ => false,
@@ -1116,10 +1109,10 @@ fn requires_abort(error: &KafkaSourceError) -> bool {
 mod tests {
     use super::*;
 
-    fn kafka(code: RDKafkaErrorCode) -> KafkaSourceError {
-        KafkaSourceError::Kafka {
+    fn kafka(code: RDKafkaErrorCode) -> KafkaError {
+        KafkaError::Kafka {
             what: "producing batch 3 to out-0".to_owned(),
-            source: Box::new(KafkaError::MessageProduction(code)),
+            source: Box::new(RdKafkaError::MessageProduction(code)),
         }
     }
 
@@ -1157,20 +1150,20 @@ mod tests {
         let transient = <KafkaSink as Sink>::is_transient;
         assert!(transient(&kafka(RDKafkaErrorCode::MessageTimedOut)));
         assert!(transient(&kafka(RDKafkaErrorCode::AllBrokersDown)));
-        assert!(transient(&KafkaSourceError::Kafka {
+        assert!(transient(&KafkaError::Kafka {
             what: "flushing batch 3".to_owned(),
-            source: Box::new(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)),
+            source: Box::new(RdKafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)),
         }));
         assert!(!transient(&kafka(RDKafkaErrorCode::MessageSizeTooLarge)));
         assert!(!transient(&kafka(
             RDKafkaErrorCode::TopicAuthorizationFailed
         )));
-        let timed_out = || Box::new(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
-        assert!(transient(&KafkaSourceError::Aborted {
+        let timed_out = || Box::new(RdKafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+        assert!(transient(&KafkaError::Aborted {
             what: "flushing batch 3".to_owned(),
             source: timed_out(),
         }));
-        assert!(!transient(&KafkaSourceError::CommitUnknown {
+        assert!(!transient(&KafkaError::CommitUnknown {
             what: "committing the transaction of batch 3".to_owned(),
             source: timed_out(),
         }));

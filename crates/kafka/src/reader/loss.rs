@@ -7,7 +7,7 @@ impl ReaderState {
     /// Judges the partitions a read needs whose next offsets librdkafka found out
     /// of range, once their buffered records are taken: stops the read, or skips
     /// ahead as `fail_on_data_loss` says.
-    pub(super) fn judge_data_loss(&mut self) -> Result<(), KafkaSourceError> {
+    pub(super) fn judge_data_loss(&mut self) -> Result<(), KafkaError> {
         let Some(read) = &mut self.read else {
             return Ok(());
         };
@@ -35,7 +35,7 @@ impl ReaderState {
                 earliest.get(&tp).copied().flatten(),
                 latest.get(&tp).copied().flatten(),
             ) {
-                (Some(low), Some(high)) => Some(sluice_offsets::OffsetBounds {
+                (Some(low), Some(high)) => Some(sluice_core::OffsetBounds {
                     low,
                     high: high.max(low),
                 }),
@@ -48,7 +48,7 @@ impl ReaderState {
             }
         }
         if self.client.config.fail_on_data_loss && !found.is_empty() {
-            return Err(KafkaSourceError::DataLoss(
+            return Err(KafkaError::DataLoss(
                 found.into_iter().map(|(_, loss)| loss).collect(),
             ));
         }

@@ -60,7 +60,7 @@ impl ReaderState {
         &mut self,
         consumer: &Arc<BaseConsumer<SourceContext>>,
         ranges: &[OffsetRange],
-    ) -> Result<bool, KafkaSourceError> {
+    ) -> Result<bool, KafkaError> {
         // The usual read continues the last one over the same partitions, which
         // plans list in the same order: then nothing changes, and the keyed
         // matching below, an allocation and a hashed lookup per partition, was
@@ -124,9 +124,9 @@ impl ReaderState {
                 continue;
             }
             fresh = true;
-            let no_queue = |what: String| KafkaSourceError::Kafka {
+            let no_queue = |what: String| KafkaError::Kafka {
                 what,
-                source: Box::new(KafkaError::Subscription(
+                source: Box::new(RdKafkaError::Subscription(
                     "librdkafka has no queue for this partition".to_owned(),
                 )),
             };
@@ -211,7 +211,7 @@ impl ReaderState {
 
     /// Takes in the changes the assigner made: a partition whose unassignment is
     /// made has nothing current queued, and may be assigned again.
-    pub(super) fn take_changes(&mut self) -> Result<(), KafkaSourceError> {
+    pub(super) fn take_changes(&mut self) -> Result<(), KafkaError> {
         let changed = std::mem::take(&mut *lock(&self.shared.changed));
         for change in changed {
             let keys = match change? {

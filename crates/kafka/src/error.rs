@@ -1,11 +1,11 @@
 //! Errors of the Kafka source, naming the partitions and offsets concerned.
 
-use rdkafka::error::KafkaError;
-use sluice_offsets::{DataLoss, Offset, TopicPartition};
+use rdkafka::error::KafkaError as RdKafkaError;
+use sluice_core::{DataLoss, Offset, TopicPartition};
 
 /// An error of the Kafka source.
 #[derive(Debug, thiserror::Error)]
-pub enum KafkaSourceError {
+pub enum KafkaError {
     /// A client option that Sluice sets itself.
     #[error("Kafka option `{option}` is set by Sluice and cannot be given: {reason}")]
     OwnedOption {
@@ -33,7 +33,7 @@ pub enum KafkaSourceError {
         bootstrap: String,
         /// librdkafka's error.
         #[source]
-        source: Box<KafkaError>,
+        source: Box<RdKafkaError>,
     },
     /// A metadata or offsets request failed, typically because no broker answers.
     #[error("cannot reach Kafka at {bootstrap}: {what} failed: {source}")]
@@ -44,7 +44,7 @@ pub enum KafkaSourceError {
         what: String,
         /// The error.
         #[source]
-        source: Box<KafkaError>,
+        source: Box<RdKafkaError>,
     },
     /// The cluster turned the client away: a failed login, an untrusted
     /// certificate, or a listener of another security protocol. Not retried.
@@ -80,7 +80,7 @@ pub enum KafkaSourceError {
         group: String,
     },
     /// Offsets a batch needs are gone and `fail_on_data_loss` is set.
-    #[error("{}", sluice_offsets::data_loss_report(.0))]
+    #[error("{}", sluice_core::data_loss_report(.0))]
     DataLoss(Vec<DataLoss>),
     /// A read made no progress for `poll_timeout` while records were still owed.
     #[error(
@@ -115,7 +115,7 @@ pub enum KafkaSourceError {
         what: String,
         /// librdkafka's error.
         #[source]
-        source: Box<KafkaError>,
+        source: Box<RdKafkaError>,
     },
     /// Kafka fenced the sink's producer: a newer runner of the query took its
     /// transactional id over, or the broker aborted a transaction that
@@ -132,7 +132,7 @@ pub enum KafkaSourceError {
         transactional_id: String,
         /// librdkafka's error.
         #[source]
-        source: Box<KafkaError>,
+        source: Box<RdKafkaError>,
     },
     /// A transaction failed in a way that aborting it and writing the batch
     /// again cures (a broker restart, a transaction that timed out).
@@ -142,7 +142,7 @@ pub enum KafkaSourceError {
         what: String,
         /// librdkafka's error.
         #[source]
-        source: Box<KafkaError>,
+        source: Box<RdKafkaError>,
     },
     /// A transaction's commit failed without saying whether it went through.
     /// Writing the batch again in this process could write it twice, so the
@@ -157,7 +157,7 @@ pub enum KafkaSourceError {
         what: String,
         /// librdkafka's error.
         #[source]
-        source: Box<KafkaError>,
+        source: Box<RdKafkaError>,
     },
     /// The blocking Kafka task did not finish.
     #[error("Kafka I/O task failed: {0}")]

@@ -1,8 +1,8 @@
-//! The Kafka source of Sluice, over `rdkafka`: partition discovery, watermarks,
+//! Kafka for Sluice, over `rdkafka`. The source: partition discovery, watermarks,
 //! offsets by timestamp, reading planned offset ranges and detecting data loss;
 //! and the `kafka` sink ([`KafkaSink`]), which produces to an output topic.
 //!
-//! It implements the [`Source`] trait of `sluice-offsets`; the decisions themselves
+//! It implements the [`Source`] trait of `sluice-core`; the decisions themselves
 //! (rate limits, data-loss classification) stay in that crate. Every blocking
 //! librdkafka call runs on tokio's blocking pool, off the async worker threads.
 
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::ConsumerContext;
-use sluice_offsets::{
+use sluice_core::{
     BatchReader, DataLoss, MissingCommitted, OffsetBounds, OffsetRange, PartitionOffsets,
     RecordChunk, Source, SpecificOffset, StartingOffsets, TimestampFallback, TopicPartition,
 };
@@ -34,7 +34,7 @@ pub use config::{
     DEFAULT_READ_AHEAD_BYTES, KafkaSourceConfig, TopicSelection, default_fetch_max_bytes,
     is_secret_option, is_security_option,
 };
-pub use error::KafkaSourceError;
+pub use error::KafkaError;
 pub use membership::{GroupConfig, GroupProtocol, KafkaMembership, live_members};
 pub use sink::{Delivery, KafkaSink, KafkaSinkConfig};
 
@@ -126,7 +126,7 @@ impl KafkaSource {
     /// Validates `config` and creates the consumer. The consumer group is
     /// `config.group_id`, or `sluice-<query_id>`. No request is sent yet, so an
     /// unreachable cluster shows on the first call.
-    pub fn new(config: KafkaSourceConfig, query_id: &str) -> Result<KafkaSource, KafkaSourceError> {
+    pub fn new(config: KafkaSourceConfig, query_id: &str) -> Result<KafkaSource, KafkaError> {
         config.validate()?;
         let pattern = match &config.selection {
             TopicSelection::SubscribePattern(p) => Some(config::compile_pattern(p)?),
@@ -170,7 +170,7 @@ impl KafkaSource {
         let refusals = context.refusals.clone();
         let consumer = client_config
             .create_with_context(context)
-            .map_err(|source| KafkaSourceError::Client {
+            .map_err(|source| KafkaError::Client {
                 bootstrap: config.bootstrap_servers.clone(),
                 source: Box::new(source),
             })?;
@@ -226,8 +226,8 @@ impl KafkaSource {
 
     async fn blocking<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&Client) -> Result<T, KafkaSourceError> + Send + 'static,
-    ) -> Result<T, KafkaSourceError> {
+        work: impl FnOnce(&Client) -> Result<T, KafkaError> + Send + 'static,
+    ) -> Result<T, KafkaError> {
         let client = self.client.clone();
         off_thread(move || work(&client)).await?
     }
@@ -236,10 +236,10 @@ impl KafkaSource {
 /// Runs a blocking librdkafka call on the blocking pool, off the async threads.
 pub(crate) async fn off_thread<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, KafkaSourceError> {
+) -> Result<T, KafkaError> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| KafkaSourceError::Task(e.to_string()))
+        .map_err(|e| KafkaError::Task(e.to_string()))
 }
 
 /// How many chunks a read may have ready before the sink takes them: enough to
@@ -248,7 +248,7 @@ const CHUNKS_IN_FLIGHT: usize = 4;
 
 /// The records of one batch as a [`KafkaSource`] reads them on a thread of its own.
 pub struct KafkaBatchReader {
-    events: tokio::sync::mpsc::Receiver<Result<reader::Event, KafkaSourceError>>,
+    events: tokio::sync::mpsc::Receiver<Result<reader::Event, KafkaError>>,
     /// Told when a chunk was taken, so that the reading thread hands over the next.
     shared: Arc<reader::Shared>,
     data_loss: Vec<DataLoss>,
@@ -256,9 +256,9 @@ pub struct KafkaBatchReader {
 }
 
 impl BatchReader for KafkaBatchReader {
-    type Error = KafkaSourceError;
+    type Error = KafkaError;
 
-    async fn next_chunk(&mut self) -> Result<Option<RecordChunk>, KafkaSourceError> {
+    async fn next_chunk(&mut self) -> Result<Option<RecordChunk>, KafkaError> {
         if self.finished {
             return Ok(None);
         }
@@ -277,7 +277,7 @@ impl BatchReader for KafkaBatchReader {
             }
             None => {
                 self.finished = true;
-                Err(KafkaSourceError::Task(
+                Err(KafkaError::Task(
                     "the reading thread stopped before the batch was read".to_owned(),
                 ))
             }
@@ -290,12 +290,10 @@ impl BatchReader for KafkaBatchReader {
 }
 
 impl Source for KafkaSource {
-    type Error = KafkaSourceError;
+    type Error = KafkaError;
     type Reader = KafkaBatchReader;
 
-    async fn partitions(
-        &mut self,
-    ) -> Result<BTreeMap<TopicPartition, OffsetBounds>, KafkaSourceError> {
+    async fn partitions(&mut self) -> Result<BTreeMap<TopicPartition, OffsetBounds>, KafkaError> {
         self.blocking(|client| client.partitions()).await
     }
 
@@ -303,14 +301,14 @@ impl Source for KafkaSource {
         &mut self,
         starting: &StartingOffsets,
         partitions: &BTreeMap<TopicPartition, OffsetBounds>,
-    ) -> Result<PartitionOffsets, KafkaSourceError> {
+    ) -> Result<PartitionOffsets, KafkaError> {
         let starting = starting.clone();
         let partitions = partitions.clone();
         self.blocking(move |client| resolve_start(client, &starting, &partitions))
             .await
     }
 
-    async fn read(&mut self, ranges: &[OffsetRange]) -> Result<KafkaBatchReader, KafkaSourceError> {
+    async fn read(&mut self, ranges: &[OffsetRange]) -> Result<KafkaBatchReader, KafkaError> {
         let (events, receiver) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
         self.reader.read(ranges.to_vec(), events);
         Ok(KafkaBatchReader {
@@ -321,20 +319,17 @@ impl Source for KafkaSource {
         })
     }
 
-    fn is_transient(error: &KafkaSourceError) -> bool {
+    fn is_transient(error: &KafkaError) -> bool {
         matches!(
             error,
-            KafkaSourceError::Unreachable { .. }
-                | KafkaSourceError::Kafka { .. }
-                | KafkaSourceError::PollTimeout { .. }
-                | KafkaSourceError::Task(_)
+            KafkaError::Unreachable { .. }
+                | KafkaError::Kafka { .. }
+                | KafkaError::PollTimeout { .. }
+                | KafkaError::Task(_)
         )
     }
 
-    async fn commit_progress(
-        &mut self,
-        offsets: &PartitionOffsets,
-    ) -> Result<(), KafkaSourceError> {
+    async fn commit_progress(&mut self, offsets: &PartitionOffsets) -> Result<(), KafkaError> {
         if !self.client.config.commit_progress || offsets.is_empty() {
             return Ok(());
         }
@@ -348,7 +343,7 @@ fn resolve_start(
     client: &Client,
     starting: &StartingOffsets,
     partitions: &BTreeMap<TopicPartition, OffsetBounds>,
-) -> Result<PartitionOffsets, KafkaSourceError> {
+) -> Result<PartitionOffsets, KafkaError> {
     let all: BTreeSet<TopicPartition> = partitions.keys().cloned().collect();
     let low = |tp: &TopicPartition| partitions[tp].low;
     let high = |tp: &TopicPartition| partitions[tp].high;
@@ -367,24 +362,22 @@ fn resolve_start(
                         let end = high(&tp);
                         Ok((tp, end))
                     }
-                    (None, TimestampFallback::Error) => {
-                        Err(KafkaSourceError::NoOffsetForTimestamp {
-                            topic_partition: tp,
-                            timestamp_ms,
-                        })
-                    }
+                    (None, TimestampFallback::Error) => Err(KafkaError::NoOffsetForTimestamp {
+                        topic_partition: tp,
+                        timestamp_ms,
+                    }),
                 },
             )
             .collect::<Result<PartitionOffsets, _>>()
     };
     let require_all = |named: BTreeSet<&TopicPartition>, option: &str| {
         if let Some(tp) = all.iter().find(|tp| !named.contains(tp)) {
-            return Err(KafkaSourceError::Config(format!(
+            return Err(KafkaError::Config(format!(
                 "{option} names no offset for {tp}; name every partition the query reads"
             )));
         }
         if let Some(tp) = named.iter().find(|tp| !all.contains(**tp)) {
-            return Err(KafkaSourceError::Config(format!(
+            return Err(KafkaError::Config(format!(
                 "{option} names {tp}, which the query does not read or Kafka does not have"
             )));
         }
@@ -428,7 +421,7 @@ fn resolve_start(
                     (Some(offset), _) => Ok((tp.clone(), offset)),
                     (None, MissingCommitted::Earliest) => Ok((tp.clone(), low(tp))),
                     (None, MissingCommitted::Latest) => Ok((tp.clone(), high(tp))),
-                    (None, MissingCommitted::Error) => Err(KafkaSourceError::NoCommittedOffset {
+                    (None, MissingCommitted::Error) => Err(KafkaError::NoCommittedOffset {
                         topic_partition: tp.clone(),
                         group: client.group_id.clone(),
                     }),

@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rdkafka::error::KafkaError;
+use rdkafka::error::KafkaError as RdKafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 /// The last refusal the client's callbacks saw, shared by its contexts.
@@ -33,7 +33,7 @@ const CLOSED_AT_FIRST_REQUEST: u32 = 2;
 
 impl Refusals {
     /// Keeps `reason` when `error` is a refusal; says whether it was.
-    pub(crate) fn observe(&self, error: &KafkaError, reason: &str) -> bool {
+    pub(crate) fn observe(&self, error: &RdKafkaError, reason: &str) -> bool {
         is_refusal(error, reason) && self.keep(reason)
     }
 
@@ -135,9 +135,9 @@ fn refusal_text(text: &str) -> bool {
     REFUSALS.iter().any(|sign| text.contains(sign))
 }
 
-fn is_refusal(error: &KafkaError, reason: &str) -> bool {
+fn is_refusal(error: &RdKafkaError, reason: &str) -> bool {
     let code = match error {
-        KafkaError::Global(code) => Some(*code),
+        RdKafkaError::Global(code) => Some(*code),
         other => other.rdkafka_error_code(),
     };
     match code {
@@ -158,7 +158,7 @@ mod tests {
     #[test]
     fn refusals_are_logins_handshakes_and_protocol_mismatches_only() {
         let refusals = Refusals::default();
-        let global = KafkaError::Global;
+        let global = RdKafkaError::Global;
         assert!(!refusals.observe(
             &global(RDKafkaErrorCode::BrokerTransportFailure),
             "127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused"

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rdkafka::metadata::Metadata;
 use regex::Regex;
-use sluice_offsets::TopicPartition;
+use sluice_core::TopicPartition;
 
 use crate::TopicSelection;
 

@@ -14,10 +14,10 @@ use rdkafka::TopicPartitionList;
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use sluice_offsets::{Membership, MembershipChange, Revocation, TopicPartition};
+use sluice_core::{Membership, MembershipChange, Revocation, TopicPartition};
 use tokio::sync::mpsc;
 
-use crate::{KafkaSourceError, TopicSelection, refusal, route_error, route_log};
+use crate::{KafkaError, TopicSelection, refusal, route_error, route_log};
 
 /// How members agree on an assignment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,16 +50,16 @@ pub struct GroupConfig {
 impl GroupConfig {
     /// The group's topics from a source's selection: only `subscribe` shares
     /// partitions through a group.
-    pub fn topics_of(selection: &TopicSelection) -> Result<Vec<String>, KafkaSourceError> {
+    pub fn topics_of(selection: &TopicSelection) -> Result<Vec<String>, KafkaError> {
         match selection {
             TopicSelection::Subscribe(topics) => Ok(topics.clone()),
-            TopicSelection::Assign(_) => Err(KafkaSourceError::Group {
+            TopicSelection::Assign(_) => Err(KafkaError::Group {
                 what: "choosing the group's topics".to_owned(),
                 problem: "`assign` names the partitions of one process; scale-out shares a \
                           topic's partitions among processes: use `subscribe`"
                     .to_owned(),
             }),
-            TopicSelection::SubscribePattern(_) => Err(KafkaSourceError::Group {
+            TopicSelection::SubscribePattern(_) => Err(KafkaError::Group {
                 what: "choosing the group's topics".to_owned(),
                 problem: "`subscribe_pattern` is not supported with scale-out yet: list the \
                           topics with `subscribe`"
@@ -76,21 +76,21 @@ pub fn live_members(
     bootstrap_servers: &str,
     group_id: &str,
     client_options: &BTreeMap<String, String>,
-) -> Result<Vec<(String, String)>, KafkaSourceError> {
+) -> Result<Vec<(String, String)>, KafkaError> {
     let mut client = ClientConfig::new();
     for (key, value) in client_options {
         client.set(key, value);
     }
     let admin: BaseConsumer = client
         .set("bootstrap.servers", bootstrap_servers)
-        .set("client.id", "sluice-offsets")
+        .set("client.id", "sluice-core")
         .create()
-        .map_err(|source| KafkaSourceError::Client {
+        .map_err(|source| KafkaError::Client {
             bootstrap: bootstrap_servers.to_owned(),
             source: Box::new(source),
         })?;
     crate::describe_group::members(admin.client(), group_id, Duration::from_secs(10)).map_err(
-        |(code, message)| KafkaSourceError::Kafka {
+        |(code, message)| KafkaError::Kafka {
             what: format!("describing consumer group {group_id} ({message})"),
             source: Box::new(rdkafka::error::KafkaError::AdminOp(code)),
         },
@@ -99,7 +99,7 @@ pub fn live_members(
 
 enum Event {
     Change(MembershipChange),
-    Failed(KafkaSourceError),
+    Failed(KafkaError),
 }
 
 /// What the rebalance callbacks share with the member.
@@ -212,7 +212,7 @@ pub struct KafkaMembership {
 impl KafkaMembership {
     /// Joins the group as `member` and subscribes to its topics. Partitions
     /// come as [`MembershipChange::Assigned`] once the group has agreed.
-    pub fn join(config: &GroupConfig, member: &str) -> Result<KafkaMembership, KafkaSourceError> {
+    pub fn join(config: &GroupConfig, member: &str) -> Result<KafkaMembership, KafkaError> {
         let mut client = ClientConfig::new();
         for (key, value) in &config.client_options {
             client.set(key, value);
@@ -247,14 +247,14 @@ impl KafkaMembership {
         let consumer: BaseConsumer<MemberContext> =
             client
                 .create_with_context(context)
-                .map_err(|source| KafkaSourceError::Client {
+                .map_err(|source| KafkaError::Client {
                     bootstrap: config.bootstrap_servers.clone(),
                     source: Box::new(source),
                 })?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topics)
-            .map_err(|source| KafkaSourceError::Kafka {
+            .map_err(|source| KafkaError::Kafka {
                 what: format!(
                     "subscribing group {} to {}",
                     config.group_id,
@@ -267,7 +267,7 @@ impl KafkaMembership {
         let thread = std::thread::Builder::new()
             .name("sluice-member".to_owned())
             .spawn(move || serve(consumer, stop, sender, group))
-            .map_err(|error| KafkaSourceError::Group {
+            .map_err(|error| KafkaError::Group {
                 what: "starting the member's thread".to_owned(),
                 problem: error.to_string(),
             })?;
@@ -305,7 +305,7 @@ fn serve(
             None | Some(Ok(_)) => {}
             Some(Err(error)) => {
                 if consumer.context().refusals.observe(&error, "") {
-                    let _ = events.send(Event::Failed(KafkaSourceError::Kafka {
+                    let _ = events.send(Event::Failed(KafkaError::Kafka {
                         what: format!("joining consumer group {group}"),
                         source: Box::new(error),
                     }));
@@ -328,7 +328,7 @@ impl Drop for KafkaMembership {
 }
 
 impl Membership for KafkaMembership {
-    type Error = KafkaSourceError;
+    type Error = KafkaError;
 
     fn member(&self) -> &str {
         &self.member
@@ -341,11 +341,11 @@ impl Membership for KafkaMembership {
             .clone()
     }
 
-    async fn next_change(&mut self) -> Result<MembershipChange, KafkaSourceError> {
+    async fn next_change(&mut self) -> Result<MembershipChange, KafkaError> {
         match self.events.recv().await {
             Some(Event::Change(change)) => Ok(change),
             Some(Event::Failed(error)) => Err(error),
-            None => Err(KafkaSourceError::Group {
+            None => Err(KafkaError::Group {
                 what: format!("serving consumer group {}", self.group_id),
                 problem: "the member's thread ended".to_owned(),
             }),

@@ -8,21 +8,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::KafkaError as RdKafkaError;
 use rdkafka::metadata::Metadata;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use regex::Regex;
-use sluice_offsets::{Offset, OffsetBounds, PartitionOffsets, TopicPartition};
+use sluice_core::{Offset, OffsetBounds, PartitionOffsets, TopicPartition};
 
 use crate::refusal::Refusals;
-use crate::{KafkaSourceConfig, KafkaSourceError, SourceContext, discovery};
+use crate::{KafkaError, KafkaSourceConfig, SourceContext, discovery};
 
 /// The first slice of a request's wait; each next one is twice as long.
 const FIRST_SLICE: Duration = Duration::from_millis(250);
 
 /// Whether a request failed for want of an answer (no broker up yet, or none
 /// answered in time), rather than with the cluster's answer.
-fn unanswered(error: &KafkaError) -> bool {
+fn unanswered(error: &RdKafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as Code;
     matches!(
         error.rdkafka_error_code(),
@@ -79,8 +79,8 @@ impl Client {
     fn request<T>(
         &self,
         what: impl Fn() -> String,
-        mut request: impl FnMut(Duration) -> Result<T, KafkaError>,
-    ) -> Result<T, KafkaSourceError> {
+        mut request: impl FnMut(Duration) -> Result<T, RdKafkaError>,
+    ) -> Result<T, KafkaError> {
         let deadline = Instant::now() + self.config.request_timeout;
         let mut slice = FIRST_SLICE;
         loop {
@@ -95,14 +95,14 @@ impl Client {
                 Err(source) => source,
             };
             if let Some(why) = self.refusals.last() {
-                return Err(KafkaSourceError::Refused {
+                return Err(KafkaError::Refused {
                     bootstrap: self.config.bootstrap_servers.clone(),
                     what: what(),
                     why,
                 });
             }
             if Instant::now() >= deadline || !unanswered(&source) {
-                return Err(KafkaSourceError::Unreachable {
+                return Err(KafkaError::Unreachable {
                     bootstrap: self.config.bootstrap_servers.clone(),
                     what: what(),
                     source: Box::new(source),
@@ -122,7 +122,7 @@ impl Client {
         }
     }
 
-    fn metadata(&self) -> Result<Metadata, KafkaSourceError> {
+    fn metadata(&self) -> Result<Metadata, KafkaError> {
         // One topic's metadata when the selection names exactly one, else all.
         let single = match &self.config.selection {
             crate::TopicSelection::Subscribe(topics) if topics.len() == 1 => {
@@ -140,9 +140,7 @@ impl Client {
     }
 
     /// The selected partitions and their watermarks.
-    pub(crate) fn partitions(
-        &self,
-    ) -> Result<BTreeMap<TopicPartition, OffsetBounds>, KafkaSourceError> {
+    pub(crate) fn partitions(&self) -> Result<BTreeMap<TopicPartition, OffsetBounds>, KafkaError> {
         let metadata = self.metadata()?;
         let selected = {
             let mut names = self
@@ -174,7 +172,7 @@ impl Client {
         &self,
         partitions: &BTreeSet<TopicPartition>,
         position: Position,
-    ) -> Result<BTreeMap<TopicPartition, Option<Offset>>, KafkaSourceError> {
+    ) -> Result<BTreeMap<TopicPartition, Option<Offset>>, KafkaError> {
         let queries = partitions.iter().map(|tp| (tp.clone(), position)).collect();
         self.list_offsets_at(&queries)
     }
@@ -183,7 +181,7 @@ impl Client {
     pub(crate) fn list_offsets_at(
         &self,
         queries: &BTreeMap<TopicPartition, Position>,
-    ) -> Result<BTreeMap<TopicPartition, Option<Offset>>, KafkaSourceError> {
+    ) -> Result<BTreeMap<TopicPartition, Option<Offset>>, KafkaError> {
         if queries.is_empty() {
             return Ok(BTreeMap::new());
         }
@@ -196,7 +194,7 @@ impl Client {
             };
             request
                 .add_partition_offset(&tp.topic, tp.partition, query)
-                .map_err(|source| KafkaSourceError::Kafka {
+                .map_err(|source| KafkaError::Kafka {
                     what: format!("asking for offsets of {tp}"),
                     source: Box::new(source),
                 })?;
@@ -219,7 +217,7 @@ impl Client {
     pub(crate) fn committed(
         &self,
         partitions: &BTreeSet<TopicPartition>,
-    ) -> Result<BTreeMap<TopicPartition, Option<Offset>>, KafkaSourceError> {
+    ) -> Result<BTreeMap<TopicPartition, Option<Offset>>, KafkaError> {
         let mut request = TopicPartitionList::with_capacity(partitions.len());
         for tp in partitions {
             request.add_partition(&tp.topic, tp.partition);
@@ -232,18 +230,18 @@ impl Client {
     }
 
     /// Commits `offsets` (next offsets to read, as Kafka expects) to the group.
-    pub(crate) fn commit(&self, offsets: &PartitionOffsets) -> Result<(), KafkaSourceError> {
+    pub(crate) fn commit(&self, offsets: &PartitionOffsets) -> Result<(), KafkaError> {
         let mut list = TopicPartitionList::with_capacity(offsets.len());
         for (tp, offset) in offsets {
             list.add_partition_offset(&tp.topic, tp.partition, KafkaOffset::Offset(offset.value()))
-                .map_err(|source| KafkaSourceError::Kafka {
+                .map_err(|source| KafkaError::Kafka {
                     what: format!("committing {tp} at {offset}"),
                     source: Box::new(source),
                 })?;
         }
         self.consumer
             .commit(&list, rdkafka::consumer::CommitMode::Sync)
-            .map_err(|source| KafkaSourceError::Kafka {
+            .map_err(|source| KafkaError::Kafka {
                 what: format!("committing progress to consumer group {}", self.group_id),
                 source: Box::new(source),
             })

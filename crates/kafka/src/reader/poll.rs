@@ -76,7 +76,7 @@ impl ReaderState {
                         // reports them here too; the stall and poll timeouts
                         // catch a partition that never recovers.
                         tracing::warn!(
-                            error = %KafkaError::MessageConsumption(code),
+                            error = %RdKafkaError::MessageConsumption(code),
                             "Kafka reported an error while reading; continuing"
                         );
                         failed = true;
@@ -221,7 +221,7 @@ impl ReaderState {
     pub(super) fn when_idle(
         &mut self,
         consumer: &BaseConsumer<SourceContext>,
-    ) -> Result<(), KafkaSourceError> {
+    ) -> Result<(), KafkaError> {
         let Some(read) = &mut self.read else {
             return Ok(());
         };
@@ -236,12 +236,10 @@ impl ReaderState {
                 p.fetch == Fetch::Fetching && !p.full && !p.out_of_range && p.buffer.is_empty();
         }
         if waiting.contains(&true) {
-            let positions = consumer
-                .position()
-                .map_err(|source| KafkaSourceError::Kafka {
-                    what: "reading consumer positions".to_owned(),
-                    source: Box::new(source),
-                })?;
+            let positions = consumer.position().map_err(|source| KafkaError::Kafka {
+                what: "reading consumer positions".to_owned(),
+                source: Box::new(source),
+            })?;
             for elem in positions.elements() {
                 let KafkaOffset::Offset(position) = elem.offset() else {
                     continue;
@@ -277,7 +275,7 @@ impl ReaderState {
             && let Some(range) = read.ranges.iter().find(|r| !r.done)
         {
             let part = &self.parts[range.part];
-            return Err(KafkaSourceError::PollTimeout {
+            return Err(KafkaError::PollTimeout {
                 topic_partition: part.topic_partition(),
                 from: offset(range.from),
                 until: offset(range.until),

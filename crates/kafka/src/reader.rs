@@ -71,11 +71,11 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::KafkaError as RdKafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset as KafkaOffset, Timestamp, TopicPartitionList};
-use sluice_offsets::{
+use sluice_core::{
     DataLoss, Offset, OffsetRange, RecordChunk, RecordParts, TimestampType, TopicPartition,
     classify_data_loss,
 };
@@ -83,7 +83,7 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 
 use crate::batch_queue::BatchQueue;
 use crate::client::{Client, Position};
-use crate::{KafkaSourceError, SourceContext};
+use crate::{KafkaError, SourceContext};
 
 // Parts of the reading thread's work, each over its state.
 mod loss;
@@ -122,7 +122,7 @@ pub(crate) enum Event {
 }
 
 /// The sending half of a read.
-pub(crate) type Events = mpsc::Sender<Result<Event, KafkaSourceError>>;
+pub(crate) type Events = mpsc::Sender<Result<Event, KafkaError>>;
 
 /// One partition's own message queue.
 type Queue = PartitionQueue<SourceContext>;
@@ -154,7 +154,7 @@ pub(crate) struct Shared {
     /// The read asked for and not yet begun; a newer one replaces it.
     request: Mutex<Option<(Vec<OffsetRange>, Events)>>,
     /// Changes of the assignment that the [`Assigner`] made.
-    changed: Mutex<Vec<Result<Change, KafkaSourceError>>>,
+    changed: Mutex<Vec<Result<Change, KafkaError>>>,
     stop: AtomicBool,
     /// How many reads began afresh instead of continuing where the last ended.
     pub(crate) assignments: AtomicU64,
@@ -166,7 +166,7 @@ pub(crate) struct Shared {
 
 impl ReadingThread {
     /// Starts the reading thread; it creates its consumer at the first read.
-    pub(crate) fn start(client: Arc<Client>) -> Result<ReadingThread, KafkaSourceError> {
+    pub(crate) fn start(client: Arc<Client>) -> Result<ReadingThread, KafkaError> {
         let shared = Arc::new(Shared {
             signal: Signal::default(),
             request: Mutex::new(None),
@@ -180,7 +180,7 @@ impl ReadingThread {
         let thread = std::thread::Builder::new()
             .name("sluice-reader".to_owned())
             .spawn(move || run(client, thread_shared))
-            .map_err(|e| KafkaSourceError::Task(format!("starting the reading thread: {e}")))?;
+            .map_err(|e| KafkaError::Task(format!("starting the reading thread: {e}")))?;
         Ok(ReadingThread {
             shared,
             thread: Some(thread),
@@ -279,7 +279,7 @@ impl Assigner {
     fn start(
         consumer: Arc<BaseConsumer<SourceContext>>,
         shared: Arc<Shared>,
-    ) -> Result<Assigner, KafkaSourceError> {
+    ) -> Result<Assigner, KafkaError> {
         let (changes, receiver) = std::sync::mpsc::channel::<Change>();
         let thread = std::thread::Builder::new()
             .name("sluice-assigner".to_owned())
@@ -290,7 +290,7 @@ impl Assigner {
                     shared.signal.notify();
                 }
             })
-            .map_err(|e| KafkaSourceError::Task(format!("starting the assigning thread: {e}")))?;
+            .map_err(|e| KafkaError::Task(format!("starting the assigning thread: {e}")))?;
         Ok(Assigner {
             changes: Some(changes),
             thread: Some(thread),
@@ -315,23 +315,20 @@ impl Drop for Assigner {
 }
 
 /// Makes one change of the assignment.
-fn apply(
-    consumer: &BaseConsumer<SourceContext>,
-    change: Change,
-) -> Result<Change, KafkaSourceError> {
+fn apply(consumer: &BaseConsumer<SourceContext>, change: Change) -> Result<Change, KafkaError> {
     let mut list = TopicPartitionList::new();
     match &change {
         Change::Assign(parts) => {
             for ((topic, partition), next) in parts {
                 list.add_partition_offset(topic, *partition, KafkaOffset::Offset(*next))
-                    .map_err(|source| KafkaSourceError::Kafka {
+                    .map_err(|source| KafkaError::Kafka {
                         what: format!("assigning {topic}-{partition} at {next}"),
                         source: Box::new(source),
                     })?;
             }
             consumer
                 .incremental_assign(&list)
-                .map_err(|source| KafkaSourceError::Kafka {
+                .map_err(|source| KafkaError::Kafka {
                     what: format!("assigning {} partitions", list.count()),
                     source: Box::new(source),
                 })?;
@@ -346,7 +343,7 @@ fn apply(
             }
             consumer
                 .incremental_unassign(&list)
-                .map_err(|source| KafkaSourceError::Kafka {
+                .map_err(|source| KafkaError::Kafka {
                     what: format!("unassigning {} partitions", list.count()),
                     source: Box::new(source),
                 })?;
@@ -396,7 +393,7 @@ impl Buffer {
         self.segments.is_empty()
     }
 
-    fn front(&self) -> Option<sluice_offsets::RecordRef<'_>> {
+    fn front(&self) -> Option<sluice_core::RecordRef<'_>> {
         self.segments.front()?.get(self.taken)
     }
 
@@ -596,7 +593,7 @@ impl ReaderState {
     fn consumer(
         &mut self,
         partitions: usize,
-    ) -> Result<Arc<BaseConsumer<SourceContext>>, KafkaSourceError> {
+    ) -> Result<Arc<BaseConsumer<SourceContext>>, KafkaError> {
         if let Some(consumer) = &self.consumer {
             return Ok(consumer.clone());
         }
@@ -645,7 +642,7 @@ impl ReaderState {
 
     /// Ends the read in progress with `error`. Its partitions start over at the
     /// next read, as their place is uncertain.
-    fn fail(&mut self, error: KafkaSourceError) {
+    fn fail(&mut self, error: KafkaError) {
         if let Some(read) = self.read.take() {
             let _ = read.events.try_send(Err(error));
         }
@@ -940,7 +937,7 @@ fn create_consumer(
     client: &Client,
     partitions: usize,
     fetched: Arc<AtomicU64>,
-) -> Result<BaseConsumer<SourceContext>, KafkaSourceError> {
+) -> Result<BaseConsumer<SourceContext>, KafkaError> {
     let mut config = client.reader_config.clone();
     let options = &client.config.client_options;
     let share = share_of(client.config.read_ahead_bytes, partitions);
@@ -972,7 +969,7 @@ fn create_consumer(
             refusals: client.refusals.clone(),
             fetched: Some(fetched),
         })
-        .map_err(|source| KafkaSourceError::Client {
+        .map_err(|source| KafkaError::Client {
             bootstrap: client.config.bootstrap_servers.clone(),
             source: Box::new(source),
         })

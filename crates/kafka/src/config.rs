@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use regex::Regex;
 
-use crate::KafkaSourceError;
+use crate::KafkaError;
 
 /// Which partitions a query reads: exactly one of Spark's three ways.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,16 +162,16 @@ impl KafkaSourceConfig {
     }
 
     /// Checks what can be checked without a broker.
-    pub fn validate(&self) -> Result<(), KafkaSourceError> {
+    pub fn validate(&self) -> Result<(), KafkaError> {
         if self.bootstrap_servers.trim().is_empty() {
-            return Err(KafkaSourceError::Config(
+            return Err(KafkaError::Config(
                 "bootstrap_servers is empty: name at least one broker as host:port".to_owned(),
             ));
         }
         match &self.selection {
             TopicSelection::Assign(topics) => {
                 if topics.is_empty() || topics.values().any(Vec::is_empty) {
-                    return Err(KafkaSourceError::Config(
+                    return Err(KafkaError::Config(
                         "assign names no partitions: give at least one partition per topic"
                             .to_owned(),
                     ));
@@ -180,14 +180,14 @@ impl KafkaSourceConfig {
                     .iter()
                     .find_map(|(t, ps)| ps.iter().find(|p| **p < 0).map(|p| (t, p)))
                 {
-                    return Err(KafkaSourceError::Config(format!(
+                    return Err(KafkaError::Config(format!(
                         "assign: partition {p} of topic {topic} is negative"
                     )));
                 }
             }
             TopicSelection::Subscribe(topics) => {
                 if topics.is_empty() || topics.iter().any(|t| t.trim().is_empty()) {
-                    return Err(KafkaSourceError::Config(
+                    return Err(KafkaError::Config(
                         "subscribe names no topic, or an empty one".to_owned(),
                     ));
                 }
@@ -198,7 +198,7 @@ impl KafkaSourceConfig {
         }
         for key in self.client_options.keys() {
             if let Some(reason) = owned_option(key) {
-                return Err(KafkaSourceError::OwnedOption {
+                return Err(KafkaError::OwnedOption {
                     option: key.clone(),
                     reason,
                 });
@@ -235,8 +235,8 @@ fn owned_option(key: &str) -> Option<&'static str> {
 
 /// Compiles a subscribe pattern so that it must match a whole topic name, as
 /// Java's `Pattern.matcher(topic).matches()` does for Spark.
-pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex, KafkaSourceError> {
-    Regex::new(&format!("^(?:{pattern})$")).map_err(|source| KafkaSourceError::Pattern {
+pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex, KafkaError> {
+    Regex::new(&format!("^(?:{pattern})$")).map_err(|source| KafkaError::Pattern {
         pattern: pattern.to_owned(),
         source: Box::new(source),
     })
