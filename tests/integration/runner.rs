@@ -1179,7 +1179,9 @@ async fn the_cassandra_sink_upserts_mapped_columns_exactly_once_in_effect() {
     delete_topic(&topic).await;
 }
 
-/// The jsonl files' names and contents, to show that a failed run changed none.
+/// The finished files' names and contents, to show that a failed run changed
+/// none. A writer's hidden temporary files (`.name.tmp`, renamed or removed
+/// while the directory is read) are not finished files.
 fn files_in(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Default::default();
@@ -1187,6 +1189,7 @@ fn files_in(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     entries
         .map(|e| e.unwrap().path())
         .filter(|p| p.is_file())
+        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
         .map(|p| {
             (
                 p.file_name().unwrap().to_string_lossy().into_owned(),
