@@ -38,6 +38,6 @@ pub use group::{Generations, GroupErrorOf, GroupQuery, GroupQueryError, GroupSum
 pub use progress::{
     DurationMs, GroupProgress, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
 };
-pub use query::{DEFAULT_POLLING_DELAY, Query, QueryError, QueryOptions, RunSummary};
+pub use query::{DEFAULT_POLLING_DELAY, Query, QueryError, QueryOptions, QueryStore, RunSummary};
 pub use retry::{GaveUp, RetryPolicy};
 pub use trigger::Trigger;

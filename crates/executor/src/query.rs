@@ -23,6 +23,12 @@ use crate::retry::{Driver, Failed, GaveUp, Part, Reached, Tries};
 use crate::sinks::DiscardSink;
 use crate::{ExecutorError, Retried, RetryPolicy, Trigger};
 
+/// What a query keeps its progress in: an offset store that keeps its state
+/// files too, with one error for both, as both stores of the project do.
+pub trait QueryStore: OffsetStore + StateStore<Error = <Self as OffsetStore>::Error> {}
+
+impl<S> QueryStore for S where S: OffsetStore + StateStore<Error = <S as OffsetStore>::Error> {}
+
 /// How a driven call of a [`Query`] over these parts ended without a value.
 type QueryFailed<Src, Store, Proc, Snk, Dead> = Failed<QueryError<Src, Store, Proc, Snk, Dead>>;
 
@@ -248,7 +254,7 @@ struct Planned {
 impl<Src, Store, Snk> Query<Src, Store, Snk>
 where
     Src: Source,
-    Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
+    Store: QueryStore,
     Snk: Writes,
 {
     /// A query with the id its offset store holds, handing the records to the
@@ -275,7 +281,7 @@ where
 impl<Src, Store, Snk, Proc, Dead> Query<Src, Store, Snk, Proc, Dead>
 where
     Src: Source,
-    Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
+    Store: QueryStore,
     Proc: Processor,
     Snk: Writes<Proc::Output>,
     Dead: Writes,

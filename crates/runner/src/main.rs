@@ -32,9 +32,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sluice_cassandra_store::{CassandraSink, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
-use sluice_core::{OffsetStore, PassThrough, Processor, Source, StateStore, Writes};
+use sluice_core::{OffsetStore, PassThrough, Processor, Source, Writes};
 use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, DiscardSink, JsonlSink};
-use sluice_executor::{Query, QueryOptions, QueryProgress};
+use sluice_executor::{Query, QueryOptions, QueryProgress, QueryStore};
 use sluice_kafka::{KafkaSink, KafkaSource};
 use sluice_sql::{Decoder, SqlProcessor, StreamQuery};
 use tokio::sync::watch;
@@ -226,7 +226,7 @@ async fn with_store<St>(
     group: Option<group::InGroup>,
 ) -> Result<(), Exit>
 where
-    St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
+    St: QueryStore,
     <St as OffsetStore>::Error: Classify,
 {
     let source =
@@ -350,7 +350,7 @@ impl Parts {
         rows: Option<sluice_sql::arrow::datatypes::SchemaRef>,
     ) -> Result<(), Exit>
     where
-        St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
+        St: QueryStore,
         <St as OffsetStore>::Error: Classify,
         P: Processor,
         P::Error: Classify,
@@ -410,7 +410,7 @@ impl Parts {
         sink_description: String,
     ) -> Result<(), Exit>
     where
-        St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
+        St: QueryStore,
         <St as OffsetStore>::Error: Classify,
         P: Processor,
         P::Error: Classify,
@@ -476,7 +476,7 @@ async fn run_query<St, P, K, D>(
     sink_description: String,
 ) -> Result<(), Exit>
 where
-    St: OffsetStore + StateStore<Error = <St as OffsetStore>::Error>,
+    St: QueryStore,
     <St as OffsetStore>::Error: Classify,
     P: Processor,
     P::Error: Classify,

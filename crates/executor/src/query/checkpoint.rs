@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use sluice_core::{
-    BatchId, OffsetStore, Processor, Source, StateFile, StateFileId, StateFileKind, StateGap,
-    StateStore, StatefulOperator, Writes, state_files_for, state_files_to_purge_in,
+    BatchId, Processor, Source, StateFile, StateFileId, StateFileKind, StateGap, StatefulOperator,
+    Writes, state_files_for, state_files_to_purge_in,
 };
 
-use super::{Query, QueryError, micros};
+use super::{Query, QueryError, QueryStore, micros};
 use crate::ExecutorError;
 use crate::progress::StateOperatorProgress;
 use crate::retry::Part;
@@ -37,7 +37,7 @@ pub(super) struct StateWritten {
 impl<Src, Store, Snk, Proc, Dead> Query<Src, Store, Snk, Proc, Dead>
 where
     Src: Source,
-    Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
+    Store: QueryStore,
     Proc: Processor,
     Snk: Writes<Proc::Output>,
     Dead: Writes,

@@ -34,7 +34,7 @@ enum Epoch {
 impl<Src, Store, Snk, Proc, Dead> Query<Src, Store, Snk, Proc, Dead>
 where
     Src: Source,
-    Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
+    Store: QueryStore,
     Proc: Processor,
     Snk: Writes<Proc::Output>,
     Dead: Writes,

@@ -7,7 +7,7 @@ use super::*;
 impl<Src, Store, Snk, Proc, Dead> Query<Src, Store, Snk, Proc, Dead>
 where
     Src: Source,
-    Store: OffsetStore + StateStore<Error = <Store as OffsetStore>::Error>,
+    Store: QueryStore,
     Proc: Processor,
     Snk: Writes<Proc::Output>,
     Dead: Writes,
