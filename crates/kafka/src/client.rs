@@ -1,11 +1,12 @@
 //! Blocking requests to the cluster (metadata, offsets by timestamp, committed
-//! offsets). Each is one attempt, bounded by the request timeout: the executor's
-//! retry policy decides whether and when to try again, so that no request is
-//! retried inside a retry. (Within the timeout, a request that got no answer is
-//! sent again, see `Client::request`.) Callers run them on tokio's blocking pool.
+//! offsets). Each is one attempt, sent once and bounded by the request timeout:
+//! the executor's retry policy decides whether and when to try again, so that no
+//! request is retried inside a retry. Callers run them on tokio's blocking pool.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError as RdKafkaError;
@@ -17,25 +18,9 @@ use sluice_core::{Offset, OffsetBounds, PartitionOffsets, TopicPartition};
 use crate::refusal::Refusals;
 use crate::{KafkaError, KafkaSourceConfig, SourceContext, discovery};
 
-/// The first slice of a request's wait; each next one is twice as long.
-const FIRST_SLICE: Duration = Duration::from_millis(250);
-
-/// Whether a request failed for want of an answer (no broker up yet, or none
-/// answered in time), rather than with the cluster's answer.
-fn unanswered(error: &RdKafkaError) -> bool {
-    use rdkafka::types::RDKafkaErrorCode as Code;
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            Code::OperationTimedOut
-                | Code::RequestTimedOut
-                | Code::BrokerTransportFailure
-                | Code::AllBrokersDown
-                | Code::NetworkException
-                | Code::Resolve
-        )
-    )
-}
+/// How often a caller waiting for an answer serves the client's queue, which
+/// is how soon a refusal ends the wait and librdkafka's log lines come out.
+const SERVE_EVERY: Duration = Duration::from_millis(50);
 
 /// What a ListOffsets request asks for each partition.
 #[derive(Clone, Copy, Debug)]
@@ -50,7 +35,9 @@ pub(crate) enum Position {
 
 /// The consumer used for requests and reads, with the settings requests need.
 pub(crate) struct Client {
-    pub(crate) consumer: BaseConsumer<SourceContext>,
+    /// Shared with the thread a request runs on, which may outlive the wait
+    /// for it when the cluster refused the client.
+    pub(crate) consumer: Arc<BaseConsumer<SourceContext>>,
     /// What the consumers' error callbacks saw of a cluster refusing them.
     pub(crate) refusals: Refusals,
     /// The settings of the consumer that reads batches. It is a consumer of its
@@ -65,50 +52,69 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    /// Runs `request`, naming the cluster and the request if it fails, and the
-    /// broker's reason when it refused the client rather than not answering.
+    /// Sends `request` once, naming the cluster and the request if it fails,
+    /// and the broker's reason when it refused the client rather than not
+    /// answering.
     ///
     /// librdkafka tells of a refusal (a failed login or handshake) only through
     /// the client's queue, while a request to a cluster that refuses waits out its
-    /// whole timeout as if no broker were up. So the request waits in slices
-    /// that double (250 ms, 500 ms, ...), within `request_timeout` in all, and
-    /// the queue is served between them: a refusal ends the wait at once, and
-    /// librdkafka's log lines come out when they happen. Only a request that got
-    /// no answer is sent again within the timeout; retrying after it is the
-    /// executor's.
-    fn request<T>(
+    /// whole timeout as if no broker were up. So the request runs on a thread of
+    /// its own with the whole `request_timeout`, and the caller serves the queue
+    /// while it waits: a refusal ends the wait at once (the request thread ends
+    /// with its timeout and its answer is dropped), and librdkafka's log lines
+    /// come out when they happen.
+    fn request<T: Send + 'static>(
         &self,
         what: impl Fn() -> String,
-        mut request: impl FnMut(Duration) -> Result<T, RdKafkaError>,
+        request: impl FnOnce(&BaseConsumer<SourceContext>, Duration) -> Result<T, RdKafkaError>
+        + Send
+        + 'static,
     ) -> Result<T, KafkaError> {
-        let deadline = Instant::now() + self.config.request_timeout;
-        let mut slice = FIRST_SLICE;
-        loop {
-            let wait = slice.min(deadline.saturating_duration_since(Instant::now()));
-            let result = request(wait);
-            self.serve_queue();
-            let source = match result {
-                Ok(answer) => {
-                    self.refusals.clear();
-                    return Ok(answer);
+        let consumer = Arc::clone(&self.consumer);
+        let timeout = self.config.request_timeout;
+        let (send, answer) = mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("sluice-request".to_owned())
+            .spawn(move || {
+                // The caller may have stopped waiting; the answer is then dropped.
+                let _ = send.send(request(&consumer, timeout));
+            })
+            .map_err(|e| KafkaError::Task(format!("starting a thread for {}: {e}", what())))?;
+        let refused = |why| KafkaError::Refused {
+            bootstrap: self.config.bootstrap_servers.clone(),
+            what: what(),
+            why,
+        };
+        let result = loop {
+            match answer.recv_timeout(SERVE_EVERY) {
+                Ok(result) => break result,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(KafkaError::Task(format!(
+                        "{} stopped without an answer",
+                        what()
+                    )));
                 }
-                Err(source) => source,
-            };
-            if let Some(why) = self.refusals.last() {
-                return Err(KafkaError::Refused {
-                    bootstrap: self.config.bootstrap_servers.clone(),
-                    what: what(),
-                    why,
-                });
             }
-            if Instant::now() >= deadline || !unanswered(&source) {
-                return Err(KafkaError::Unreachable {
+            self.serve_queue();
+            if let Some(why) = self.refusals.last() {
+                return Err(refused(why));
+            }
+        };
+        self.serve_queue();
+        match result {
+            Ok(answer) => {
+                self.refusals.clear();
+                Ok(answer)
+            }
+            Err(source) => match self.refusals.last() {
+                Some(why) => Err(refused(why)),
+                None => Err(KafkaError::Unreachable {
                     bootstrap: self.config.bootstrap_servers.clone(),
                     what: what(),
                     source: Box::new(source),
-                });
-            }
-            slice = slice.saturating_mul(2);
+                }),
+            },
         }
     }
 
@@ -135,7 +141,7 @@ impl Client {
         };
         self.request(
             || "fetching metadata".to_owned(),
-            |wait| self.consumer.fetch_metadata(single.as_deref(), wait),
+            move |consumer, wait| consumer.fetch_metadata(single.as_deref(), wait),
         )
     }
 
@@ -201,8 +207,8 @@ impl Client {
         }
         let answer = self.request(
             || format!("listing offsets of {} partitions", queries.len()),
-            |wait| {
-                let answer = self.consumer.offsets_for_times(request.clone(), wait)?;
+            move |consumer, wait| {
+                let answer = consumer.offsets_for_times(request, wait)?;
                 // A partition-level error fails the round, so that it is retried whole.
                 for elem in answer.elements() {
                     elem.error()?;
@@ -224,7 +230,7 @@ impl Client {
         }
         let answer = self.request(
             || format!("reading the committed offsets of group {}", self.group_id),
-            |wait| self.consumer.committed_offsets(request.clone(), wait),
+            move |consumer, wait| consumer.committed_offsets(request, wait),
         )?;
         Ok(offsets_of(&answer))
     }

@@ -175,7 +175,7 @@ impl KafkaSource {
                 source: Box::new(source),
             })?;
         let client = Arc::new(Client {
-            consumer,
+            consumer: Arc::new(consumer),
             refusals,
             reader_config: client_config,
             config,
