@@ -53,7 +53,7 @@ pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
 pub use planning::Reach;
 pub use processor::{
     BadRecordPolicy, ERROR_HEADER, EventTime, EventTimeStats, PassThrough, Processed, Processor,
-    next_watermark_ms, wants_batch_without_data,
+    encode_state, next_watermark_ms, wants_batch_without_data,
 };
 pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
 pub use record::{Header, Record, TimestampType};

@@ -10,7 +10,7 @@
 
 use std::future::Future;
 
-use crate::{BatchId, BatchMetadata, RecordChunk, StatefulOperator};
+use crate::{BatchId, BatchMetadata, RecordChunk, StateFile, StateFileKind, StatefulOperator};
 /// The header a record that could not be processed carries, naming why, when it
 /// goes to the dead letters.
 pub const ERROR_HEADER: &str = "sluice.error";
@@ -136,6 +136,24 @@ pub fn wants_batch_without_data<P: Processor + ?Sized>(
             .stateful_operators()
             .iter()
             .any(|operator| operator.waits_for_watermark())
+}
+
+/// Every stateful operator's files of `kind` for `version`, the operators
+/// numbered in the order [`Processor::stateful_operators`] gives them.
+pub fn encode_state<P: Processor + ?Sized>(
+    processor: &mut P,
+    version: BatchId,
+    kind: StateFileKind,
+) -> Result<Vec<StateFile>, P::Error> {
+    let mut files = Vec::new();
+    for (operator, state) in (0..).zip(processor.stateful_operators()) {
+        let parts = match kind {
+            StateFileKind::Delta => state.delta()?,
+            StateFileKind::Snapshot => state.snapshot()?,
+        };
+        files.extend(StateFile::of_operator(operator, version, kind, parts));
+    }
+    Ok(files)
 }
 
 /// The event time a batch's rows carried, and the watermark it ran under, in

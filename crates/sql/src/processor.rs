@@ -330,15 +330,7 @@ impl SqlProcessor {
     }
 
     fn encoded(&mut self, batch: BatchId, kind: StateFileKind) -> Result<Vec<StateFile>, SqlError> {
-        let mut files = Vec::new();
-        for (operator, state) in (0..).zip(self.stateful_operators()) {
-            let parts = match kind {
-                StateFileKind::Delta => state.delta()?,
-                StateFileKind::Snapshot => state.snapshot()?,
-            };
-            files.extend(StateFile::of_operator(operator, batch, kind, parts));
-        }
-        Ok(files)
+        sluice_core::encode_state(self, batch, kind)
     }
 
     fn commit_state(&mut self) {

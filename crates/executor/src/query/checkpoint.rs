@@ -191,15 +191,7 @@ where
         version: BatchId,
         kind: StateFileKind,
     ) -> Result<Vec<StateFile>, Proc::Error> {
-        let mut files = Vec::new();
-        for (operator, state) in (0..).zip(self.processor.stateful_operators()) {
-            let parts = match kind {
-                StateFileKind::Delta => state.delta()?,
-                StateFileKind::Snapshot => state.snapshot()?,
-            };
-            files.extend(StateFile::of_operator(operator, version, kind, parts));
-        }
-        Ok(files)
+        sluice_core::encode_state(&mut self.processor, version, kind)
     }
 
     /// Writes snapshots of the committed `batch`'s state. The deltas hold the
