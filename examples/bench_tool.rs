@@ -7,6 +7,11 @@
 //!   is 16,384), which sets the size of the record batches a fetch returns whole.
 //!   Each value is a JSON order (`order`, `customer`, `amount`, `note`), padded with
 //!   its note to `value bytes`, so that the SQL configurations have JSON to decode.
+//! - `events <bootstrap> <topic> <partitions> <records> <users>`: like `fill`, with
+//!   events of a high-cardinality stream: `user` (`u00000` to `u09999` for 10,000
+//!   users), `ts` and `amount`, each user once in every 10 seconds of event time,
+//!   in order of time, so that a count per user per 10-second
+//!   window makes a group of every event. Producer defaults as `fill`'s.
 //! - `consume <bootstrap> <topic>`: the baseline, a plain rdkafka consumer reading
 //!   every partition to its end with no processing, with the fetch settings Sluice
 //!   uses; prints JSON figures.
@@ -66,6 +71,20 @@ fn main() -> Result<()> {
             value_bytes.parse()?,
             batch_bytes.parse()?,
         ),
+        ["events", bootstrap, topic, partitions, records, users] => {
+            let users: u64 = users.parse()?;
+            if users == 0 {
+                bail!("events needs at least one user");
+            }
+            fill_with(
+                bootstrap,
+                topic,
+                partitions.parse()?,
+                records.parse()?,
+                1_000_000,
+                |n, value| event(n, users, value),
+            )
+        }
         ["consume", bootstrap, topic] => consume(bootstrap, topic, None),
         ["pipe", bootstrap, from, to] => consume(bootstrap, from, Some(to)),
         ["create", bootstrap, topic, partitions] => {
@@ -132,6 +151,26 @@ fn fill(
     value_bytes: usize,
     batch_bytes: usize,
 ) -> Result<()> {
+    fill_with(
+        bootstrap,
+        topic,
+        partitions,
+        records,
+        batch_bytes,
+        |n, value| order(n, value_bytes, value),
+    )
+}
+
+/// Creates `topic` and fills it to `records` records, record `n` with the
+/// value `value` writes for it, in partition `n % partitions`.
+fn fill_with(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    records: u64,
+    batch_bytes: usize,
+    mut value_of: impl FnMut(u64, &mut Vec<u8>),
+) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = config(bootstrap).create()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -168,10 +207,10 @@ fn fill(
     );
     bar.set_message(topic.to_owned());
     let started = Instant::now();
-    let mut value = Vec::with_capacity(value_bytes.max(80));
+    let mut value = Vec::with_capacity(128);
     for n in present..records {
         let key = n.to_string();
-        order(n, value_bytes, &mut value);
+        value_of(n, &mut value);
         let mut record = BaseRecord::to(topic)
             .key(&key)
             .payload(&value)
@@ -216,6 +255,28 @@ fn order(n: u64, bytes: usize, out: &mut Vec<u8>) {
     let pad = bytes.saturating_sub(out.len() + 2);
     out.extend(std::iter::repeat_n(b'x', pad));
     out.extend_from_slice(b"\"}");
+}
+
+/// Event `n` of a stream of `users` users: window `n / users` of 10 seconds
+/// from 2026-01-01T00:00:00Z holds one event of every user, user `n % users`
+/// at its own time within the window, so that event time grows with `n` and in
+/// every partition: no event is later than a watermark of a few seconds.
+fn event(n: u64, users: u64, out: &mut Vec<u8>) {
+    use std::io::Write;
+    out.clear();
+    let (window, user) = (n / users, n % users);
+    let ms = window * 10_000 + user * 10_000 / users;
+    let (seconds, millis) = (ms / 1000, ms % 1000);
+    let (day, second) = (seconds / 86_400, seconds % 86_400);
+    let _ = write!(
+        out,
+        r#"{{"user":"u{user:05}","ts":"2026-01-{:02}T{:02}:{:02}:{:02}.{millis:03}Z","amount":{}}}"#,
+        1 + day,
+        second / 3600,
+        second / 60 % 60,
+        second % 60,
+        n * 37 % 1000
+    );
 }
 
 /// Reads every partition of `topic` to its end, and with `to` produces each

@@ -86,6 +86,19 @@ const ORDER_SCHEMA: &str = "order BIGINT, customer STRING, amount DOUBLE, note S
 const ORDER_QUERY: &str = "SELECT order, upper(customer) AS customer, amount * 2 AS doubled, \
                            partition, offset FROM source WHERE amount > 500";
 
+/// The events of `bench_tool events`: a user, an event time and an amount.
+const EVENT_SCHEMA: &str = "user STRING, ts TIMESTAMP, amount BIGINT";
+
+/// A count and a sum per user in 10-second windows of the events' own time,
+/// where every user has one event per window: a group per event, the
+/// high-cardinality case.
+const PER_USER_QUERY: &str = "SELECT window.start AS start, user, count(*) AS n, \
+                              sum(amount) AS total FROM source \
+                              GROUP BY window(ts, '10 seconds'), user";
+
+/// The users of the events topic.
+const EVENT_USERS: u64 = 10_000;
+
 /// A count and a sum per key in 10-second tumbling windows of Kafka's
 /// timestamp, over 10,000 keys, in append mode: state across batches.
 const WINDOWED_QUERY: &str = "SELECT window.start AS start, order % 10000 AS key, count(*) AS n, \
@@ -156,6 +169,21 @@ fn configurations() -> Vec<Configuration> {
             WINDOWED_QUERY,
             // Many batches, so that state moves from batch to batch.
             Some(100_000),
+        ),
+        (
+            "sql, json + count and sum per user and window, a group per event, discard, default",
+            false,
+            "events",
+            PER_USER_QUERY,
+            // The defaults: the memory budget alone sizes the batches.
+            None,
+        ),
+        (
+            "sql, json + count and sum per user and window, a group per event, discard, 500k/trigger",
+            false,
+            "events",
+            PER_USER_QUERY,
+            Some(500_000),
         ),
     ] {
         all.push(Configuration {
@@ -250,15 +278,43 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
         "sluice-bench-{}p-{}r-{}b-orders",
         args.partitions, args.records, args.value_bytes
     );
-    let status = Command::new(&tool)
-        .args(["fill", bootstrap, &topic])
-        .arg(args.partitions.to_string())
-        .arg(args.records.to_string())
-        .arg(args.value_bytes.to_string())
-        .status()
-        .context("running bench_tool fill")?;
-    if !status.success() {
-        bail!("filling {topic} failed");
+    let events_topic = format!(
+        "sluice-bench-{}p-{}r-{EVENT_USERS}u-events",
+        args.partitions, args.records
+    );
+    let chosen: Vec<Configuration> = configurations()
+        .into_iter()
+        .filter(|c| {
+            args.only
+                .as_ref()
+                .is_none_or(|o| c.name.contains(o.as_str()))
+        })
+        .collect();
+    let on_events = |c: &Configuration| matches!(c.sql, Some(("events", _)));
+    // Each topic is filled when a chosen configuration reads it.
+    if chosen.iter().any(|c| !on_events(c)) {
+        let status = Command::new(&tool)
+            .args(["fill", bootstrap, &topic])
+            .arg(args.partitions.to_string())
+            .arg(args.records.to_string())
+            .arg(args.value_bytes.to_string())
+            .status()
+            .context("running bench_tool fill")?;
+        if !status.success() {
+            bail!("filling {topic} failed");
+        }
+    }
+    if chosen.iter().any(on_events) {
+        let status = Command::new(&tool)
+            .args(["events", bootstrap, &events_topic])
+            .arg(args.partitions.to_string())
+            .arg(args.records.to_string())
+            .arg(EVENT_USERS.to_string())
+            .status()
+            .context("running bench_tool events")?;
+        if !status.success() {
+            bail!("filling {events_topic} failed");
+        }
     }
 
     let work = root.join("target").join("bench");
@@ -268,12 +324,12 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
     // taken within each pair.
     let mut baseline = Vec::new();
     let mut results = Vec::new();
-    let chosen = configurations().into_iter().filter(|c| {
-        args.only
-            .as_ref()
-            .is_none_or(|o| c.name.contains(o.as_str()))
-    });
     for configuration in chosen {
+        let topic = if on_events(&configuration) {
+            &events_topic
+        } else {
+            &topic
+        };
         let mut runs = Vec::new();
         for run in 0..args.runs {
             let dir = work
@@ -284,8 +340,8 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
                 fs::remove_dir_all(&dir)?;
             }
             fs::create_dir_all(&dir)?;
-            let base = measure_baseline(&tool, bootstrap, &topic)?;
-            let mut measured = run_once(&sluice, &tool, &dir, &configuration, &topic, bootstrap)?;
+            let base = measure_baseline(&tool, bootstrap, topic)?;
+            let mut measured = run_once(&sluice, &tool, &dir, &configuration, topic, bootstrap)?;
             measured.ratio = measured.records_per_second / base.records_per_second;
             measured.batch_ratio =
                 measured.batch_records_per_second / base.reading_records_per_second;
@@ -320,6 +376,7 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
         "command": command,
         "cores": cores,
         "topic": topic,
+        "events_topic": events_topic,
         "baseline": {
             "records_per_second": stats(baseline.iter().map(|b| b.records_per_second).collect()),
             "reading_records_per_second": stats(baseline.iter().map(|b| b.reading_records_per_second).collect()),
@@ -409,6 +466,13 @@ fn run_once(
             format!("format = \"json\"\nschema = \"{ORDER_SCHEMA}\"\nwatermark_delay = \"5s\"\n"),
             format!("[query]\nsql = \"{sql}\"\n"),
         ),
+        Some(("events", sql)) => (
+            format!(
+                "format = \"json\"\nschema = \"{EVENT_SCHEMA}\"\nevent_time = \"ts\"\n\
+                 watermark_delay = \"5s\"\n"
+            ),
+            format!("[query]\nsql = \"{sql}\"\n"),
+        ),
         Some((_, sql)) => (String::new(), format!("[query]\nsql = \"{sql}\"\n")),
     };
     let progress = dir.join("progress.jsonl");
@@ -423,7 +487,7 @@ fn run_once(
         ),
     )?;
 
-    let stateful = matches!(configuration.sql, Some(("json+watermark", _)));
+    let stateful = matches!(configuration.sql, Some(("json+watermark" | "events", _)));
     let stop = Arc::new(AtomicBool::new(false));
     let disk = stateful.then(|| {
         let (dir, stop) = (dir.join("disk-baseline"), stop.clone());
