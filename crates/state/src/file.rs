@@ -141,7 +141,12 @@ fn check_framing(bytes: &[u8]) -> Result<(), String> {
                     continue;
                 };
                 // Each compressed buffer starts with its length uncompressed,
-                // or -1 when it was stored as it is.
+                // or -1 when it was stored as it is. An empty one (the
+                // validity of a column without nulls) has none: the bytes at
+                // its offset are the next buffer's.
+                if stored < 8 {
+                    continue;
+                }
                 let Some(head) = body.get(offset..offset.saturating_add(8)) else {
                     continue;
                 };
@@ -288,7 +293,7 @@ mod tests {
         assert!(message.contains("state/0/0/3.delta"), "{message}");
     }
 
-    use arrow::array::Int64Array;
+    use arrow::array::{Array, Int64Array};
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
@@ -309,5 +314,18 @@ mod tests {
         let wrong = decode(&bytes, &other, "f").unwrap_err().to_string();
         assert!(wrong.contains("another query"), "{wrong}");
         assert_eq!(decode(&[], &schema, "f").unwrap().num_rows(), 0);
+    }
+
+    /// An empty buffer (the validity of a column without nulls) has no length
+    /// of its own: the eight bytes at its offset are the next buffer's, which
+    /// may hold far more than the empty one could.
+    #[test]
+    fn an_empty_buffer_before_a_well_compressed_one_is_not_damage() {
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, true)]));
+        let values = Int64Array::from(vec![7; 100_000]);
+        assert_eq!(values.null_count(), 0);
+        let table = RecordBatch::try_new(schema.clone(), vec![Arc::new(values)]).unwrap();
+        let bytes = encode(&table).unwrap();
+        assert_eq!(decode(&bytes, &schema, "f").unwrap(), table);
     }
 }
