@@ -775,7 +775,7 @@ async fn damaged_state_is_named_set_needs_reset_state_and_retention_keeps_what_r
 async fn bad_stateful_queries_exit_2_with_one_clear_line() {
     let job = StatefulJob::new("unused", false);
     let watermark = "event_time = \"ts\"\nwatermark_delay = \"5s\"";
-    let cases: [(&str, &str, &str); 11] = [
+    let cases: [(&str, &str, &str); 12] = [
         (
             "",
             "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(ts, '1 minute')\"",
@@ -830,6 +830,11 @@ async fn bad_stateful_queries_exit_2_with_one_clear_line() {
             watermark,
             "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(ts, '1 minute')\"\nstate_partitions = 0",
             "query.state_partitions = 0: it must be from 1 to 256",
+        ),
+        (
+            watermark,
+            "sql = \"SELECT count(*) AS n FROM orders GROUP BY window(ts, '1 minute')\"\nstate_memory_mb = 0",
+            "query.state_memory_mb = 0: it must be from 1 to 1048576 (MiB)",
         ),
     ];
     for (source, query, expected) in cases {

@@ -24,6 +24,7 @@ mod chunk;
 mod data_loss;
 mod group;
 mod json;
+mod memory;
 mod partition;
 mod planning;
 mod processor;
@@ -49,6 +50,7 @@ pub use group::{
 pub use json::{
     OffsetJsonError, offsets_from_json, offsets_to_json, values_from_json, values_to_json,
 };
+pub use memory::{ASSUMED_BYTES_PER_RECORD, BatchSizing, MIN_RECORDS, MemoryBudget, PLANNED_SHARE};
 pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
 pub use planning::Reach;
 pub use processor::{

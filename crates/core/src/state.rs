@@ -316,6 +316,10 @@ pub struct StateOperatorStats {
     pub rows_dropped_by_watermark: u64,
     /// The state's size in memory.
     pub memory_used_bytes: u64,
+    /// The most the batch's own structures held beside the state: its
+    /// groups, their merged states, its output and its state files. What a
+    /// memory budget plans the next batches by.
+    pub batch_memory_bytes: u64,
 }
 
 #[cfg(test)]

@@ -40,6 +40,10 @@ pub struct QueryProgress {
     /// absent for a stateless query.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub state_operators: Vec<StateOperatorProgress>,
+    /// How a stateful query's memory budget sized the batch; absent for a
+    /// stateless query and a replay. Not in Spark's reports.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryProgress>,
     /// The one source.
     pub sources: Vec<SourceProgress>,
     /// The sink.
@@ -48,6 +52,28 @@ pub struct QueryProgress {
     /// partitions; absent outside group mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupProgress>,
+}
+
+/// How the memory budget (`[query] state_memory_mb`) sized a batch.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryProgress {
+    /// The budget, in bytes.
+    pub budget_bytes: u64,
+    /// The state held when the batch was planned.
+    pub state_bytes: u64,
+    /// The bytes an input record was taken to cost.
+    pub bytes_per_record: f64,
+    /// Whether a batch before measured that cost, or it was assumed.
+    pub measured: bool,
+    /// The most records the budget let the batch read.
+    pub max_records: u64,
+    /// What bounded the batch: `memory` (the budget), `maxOffsetsPerTrigger`,
+    /// or `available` (everything available fitted).
+    pub limited_by: &'static str,
+    /// The most the batch's own structures held beside the state, as its
+    /// stateful operators counted it.
+    pub batch_bytes: u64,
 }
 
 /// A group-mode member's part of a progress report: each member reports only
@@ -106,6 +132,9 @@ pub struct StateOperatorProgress {
     pub num_rows_dropped_by_watermark: u64,
     /// The state's size in memory.
     pub memory_used_bytes: u64,
+    /// The most the batch's own structures held beside the state. Not in
+    /// Spark's reports.
+    pub batch_memory_bytes: u64,
     /// Milliseconds spent writing the batch's state files durably.
     pub commit_time_ms: u64,
     /// Spark's state partitions; one here.
@@ -433,6 +462,7 @@ mod tests {
             },
             event_time: None,
             state_operators: Vec::new(),
+            memory: None,
             sources: vec![SourceProgress {
                 description: "KafkaV2[Subscribe[events]]".into(),
                 start_offset: serde_json::json!({"events": {"0": 0, "1": 0}}),
@@ -493,6 +523,7 @@ mod tests {
             num_rows_removed: 0,
             num_rows_dropped_by_watermark: 2,
             memory_used_bytes: 0,
+            batch_memory_bytes: 0,
             commit_time_ms: 0,
             num_state_store_instances: 1,
             custom_metrics: BTreeMap::new(),

@@ -5,19 +5,19 @@ use std::num::NonZeroU64;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_core::{
-    BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, DataLoss,
-    DataLossDecision, ERROR_HEADER, MinOffsetsPerTrigger, OffsetBounds, OffsetRange, OffsetStore,
-    PartitionOffsets, PassThrough, Processed, Processor, Reach, RecordChunk, Recovery, Sink,
-    Source, StartingOffsets, StateStore, TopicPartition, Writes, apply_data_loss_policy,
-    classify_batch, next_watermark_ms, purge_due, rate_limit, should_run_batch, snapshot_due,
-    wants_batch_without_data,
+    BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, BatchSizing,
+    DataLoss, DataLossDecision, ERROR_HEADER, MemoryBudget, MinOffsetsPerTrigger, OffsetBounds,
+    OffsetRange, OffsetStore, PartitionOffsets, PassThrough, Processed, Processor, Reach,
+    RecordChunk, Recovery, Sink, Source, StartingOffsets, StateStore, TopicPartition, Writes,
+    apply_data_loss_policy, classify_batch, next_watermark_ms, purge_due, rate_limit,
+    should_run_batch, snapshot_due, wants_batch_without_data,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::progress::{
-    DurationMs, GroupProgress, QueryProgress, SinkProgress, SourceProgress, event_time_entry,
-    offsets_value, source_metrics,
+    DurationMs, GroupProgress, MemoryProgress, QueryProgress, SinkProgress, SourceProgress,
+    event_time_entry, offsets_value, source_metrics,
 };
 use crate::retry::{Driver, Failed, GaveUp, Part, Reached, Tries};
 use crate::sinks::DiscardSink;
@@ -123,6 +123,10 @@ pub struct QueryOptions {
     pub max_offsets_per_trigger: Option<NonZeroU64>,
     /// Wait for this many new offsets, but no longer than its delay.
     pub min_offsets_per_trigger: Option<MinOffsetsPerTrigger>,
+    /// The memory a stateful query's state and a batch's own structures may
+    /// take: its batches are planned to it ([`MemoryBudget`]). Stateless
+    /// queries ignore it.
+    pub state_memory: Option<NonZeroU64>,
     /// Stop when offsets are lost (true), or skip ahead and report (false).
     pub fail_on_data_loss: bool,
     /// How many batches the offset store keeps.
@@ -149,6 +153,7 @@ impl Default for QueryOptions {
             starting: StartingOffsets::default(),
             max_offsets_per_trigger: None,
             min_offsets_per_trigger: None,
+            state_memory: None,
             fail_on_data_loss: true,
             min_batches_to_retain: sluice_core::DEFAULT_MIN_BATCHES_TO_RETAIN,
             source_description: "source".to_owned(),
@@ -201,6 +206,8 @@ pub struct Query<Src, Store, Snk, Proc = PassThrough, Dead = DiscardSink> {
     /// plan ([`OffsetStore::hold_commit`]); its progress is reported once that
     /// write is done.
     held: Option<EndedBatch>,
+    /// A stateful query's memory budget and what its batches measured.
+    memory: Option<MemoryBudget>,
 }
 
 /// What one batch read, wrote and met.
@@ -249,6 +256,8 @@ struct Planned {
     durations: DurationMs,
     trigger_start: Instant,
     timestamp: SystemTime,
+    /// How the memory budget sized it, and what bounded it.
+    sizing: Option<(BatchSizing, &'static str)>,
 }
 
 impl<Src, Store, Snk> Query<Src, Store, Snk>
@@ -298,7 +307,6 @@ where
         dead_letters: Dead,
     ) -> Self {
         Query {
-            options,
             query_id,
             run_id: uuid::Uuid::new_v4().to_string(),
             source,
@@ -312,6 +320,8 @@ where
             in_batch: false,
             held: None,
             recovery_only: false,
+            memory: options.state_memory.map(MemoryBudget::new),
+            options,
         }
     }
 
@@ -533,6 +543,7 @@ where
                     durations: DurationMs::default(),
                     trigger_start: Instant::now(),
                     timestamp: SystemTime::now(),
+                    sizing: None,
                 };
                 self.execute(planned, summary, on_progress).await?;
                 (batch.next(), Some(end))
@@ -570,10 +581,30 @@ where
         trigger_start: Instant,
         timestamp: SystemTime,
     ) -> Result<Planned, QueryError<Src, Store, Proc, Snk, Dead>> {
-        let budget = match self.options.trigger {
+        let max_offsets = match self.options.trigger {
             Trigger::Once => None,
             _ => self.options.max_offsets_per_trigger,
         };
+        // Once is one batch of everything, as the user asked: a budget would
+        // leave the rest unread.
+        let sizing = match self.options.trigger {
+            Trigger::Once => None,
+            _ => self.memory_sizing(),
+        };
+        let budget = match (max_offsets, sizing) {
+            (Some(most), Some(sizing)) => Some(most.min(sizing.max_records)),
+            (most, sizing) => most.or(sizing.map(|s| s.max_records)),
+        };
+        let sizing = sizing.map(|sizing| {
+            let limited_by = if reach.available() <= budget.map_or(u64::MAX, NonZeroU64::get) {
+                "available"
+            } else if max_offsets.is_some_and(|most| most <= sizing.max_records) {
+                "maxOffsetsPerTrigger"
+            } else {
+                "memory"
+            };
+            (sizing, limited_by)
+        });
         let end = reach.end(budget);
         let metadata = BatchMetadata {
             watermark_ms: next_watermark_ms(&mut self.processor),
@@ -594,7 +625,20 @@ where
             durations: DurationMs::default(),
             trigger_start,
             timestamp,
+            sizing,
         })
+    }
+
+    /// How the memory budget sizes the next batch of a stateful query, from
+    /// the state its operators hold.
+    fn memory_sizing(&mut self) -> Option<BatchSizing> {
+        let budget = self.memory.as_ref()?;
+        let operators = self.processor.stateful_operators();
+        if operators.is_empty() {
+            return None;
+        }
+        let state_bytes = operators.iter().map(|o| o.stats().memory_used_bytes).sum();
+        Some(budget.plan(state_bytes))
     }
 
     /// Writes the plan (unless it is a replay), reads, hands the records to the
@@ -829,6 +873,25 @@ where
             &(streamed.output_rows, streamed.bad_records),
         );
         progress.state_operators = self.state_progress(&state);
+        if let Some((sizing, limited_by)) = planned.sizing {
+            let batch_bytes = progress
+                .state_operators
+                .iter()
+                .map(|o| o.batch_memory_bytes)
+                .sum();
+            if let Some(memory) = &mut self.memory {
+                memory.observe(rows, batch_bytes);
+            }
+            progress.memory = Some(MemoryProgress {
+                budget_bytes: sizing.budget_bytes,
+                state_bytes: sizing.state_bytes,
+                bytes_per_record: sizing.bytes_per_record,
+                measured: sizing.measured,
+                max_records: sizing.max_records.get(),
+                limited_by,
+                batch_bytes,
+            });
+        }
         // The caller logs the report in the form its logs take.
         on_progress(&progress);
         summary.batches += 1;
@@ -972,6 +1035,7 @@ where
                 .event_time()
                 .map(|clock| event_time_entry(&clock.stats())),
             state_operators: Vec::new(),
+            memory: None,
             sources: vec![SourceProgress {
                 description: self.options.source_description.clone(),
                 start_offset: offsets_value(&planned.plan.start_offsets()),

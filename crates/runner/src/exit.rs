@@ -35,6 +35,12 @@ impl Exit {
         Exit { code: 4, error }
     }
 
+    /// A query whose state and batch passed `[query] state_memory_mb`: 4, as
+    /// the state forbids going on until the budget or the query changes.
+    pub fn over_memory(error: anyhow::Error) -> Exit {
+        Exit { code: 4, error }
+    }
+
     /// A checkpoint problem: 4 when it is held, damaged or inconsistent, 1 for I/O.
     pub fn checkpoint(error: CheckpointError) -> Exit {
         let code = match error {
@@ -167,6 +173,7 @@ impl Classify for SqlError {
                 Exit::runtime(e.into())
             }
             e @ SqlError::State { .. } => Exit::checkpoint_state(e.into()),
+            e @ SqlError::StateOverMemory(_) => Exit::over_memory(e.into()),
             e => Exit::config(e.into()),
         }
     }

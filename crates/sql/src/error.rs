@@ -58,6 +58,10 @@ pub enum SqlError {
     /// An aggregation's state grew past `[query] max_state_rows`.
     #[error("{0}")]
     StateTooLarge(sluice_state::StateError),
+    /// An aggregation's state and a batch's groups passed `[query]
+    /// state_memory_mb`.
+    #[error("{0}")]
+    StateOverMemory(sluice_state::StateError),
     /// A fault of Sluice, not of the input.
     #[error("internal error in the SQL layer: {0}")]
     Internal(String),
@@ -71,6 +75,7 @@ impl From<sluice_state::StateError> for SqlError {
             StateError::Execution(reason) => SqlError::Execution(reason),
             StateError::Damaged { location, reason } => SqlError::State { location, reason },
             e @ StateError::TooLarge { .. } => SqlError::StateTooLarge(e),
+            e @ StateError::OverMemory { .. } => SqlError::StateOverMemory(e),
             StateError::Internal(reason) => SqlError::Internal(reason),
         }
     }

@@ -61,6 +61,9 @@ pub struct QueryOptions {
     /// How many partitions the state is split into, by a hash of the group
     /// key; `None` for one.
     pub state_partitions: Option<u32>,
+    /// The most bytes an aggregation's state and a batch's own groups may
+    /// hold; `None` for no limit.
+    pub state_memory_bytes: Option<u64>,
 }
 
 /// How many groups an aggregation holds at most unless told otherwise.
@@ -194,7 +197,8 @@ impl StreamQuery {
         let (lower, top, parts) = parts;
         let upper_slot = Arc::new(Slot::default());
         let aggregation = aggregation(parts, grouping.as_ref(), options)?
-            .with_partitions(options.state_partitions.unwrap_or(1));
+            .with_partitions(options.state_partitions.unwrap_or(1))
+            .with_memory_limit(options.state_memory_bytes.unwrap_or(u64::MAX));
         let upper = replace_aggregate(&plan, &top, aggregation.output_schema(), &upper_slot)?;
         Ok(StreamQuery {
             plan: lower,

@@ -26,7 +26,40 @@ pub enum StateError {
         /// The limit.
         limit: u64,
     },
+    /// The state and the batch's own groups passed the memory budget.
+    #[error(
+        "the aggregation's state and the batch's groups hold {} MiB, more than query.state_memory_mb \
+         = {}: batches are planned to half of it from what the batches before measured, and this \
+         one (or the state alone) grew past all of it; raise state_memory_mb if the machine has \
+         the memory, or lower max_offsets_per_trigger, or close windows sooner (a shorter window \
+         or watermark delay)",
+        bytes >> 20,
+        limit >> 20
+    )]
+    OverMemory {
+        /// The bytes they held.
+        bytes: u64,
+        /// The budget, in bytes.
+        limit: u64,
+    },
     /// A fault of Sluice, not of the input.
     #[error("internal error in the state: {0}")]
     Internal(String),
+}
+
+pub(crate) fn internal(context: &str, e: impl std::fmt::Display) -> StateError {
+    StateError::Internal(format!("{context}: {e}"))
+}
+
+pub(crate) fn execution(e: impl std::fmt::Display) -> StateError {
+    StateError::Execution(one_line(&e.to_string()))
+}
+
+/// A message on one line: its lines joined.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }

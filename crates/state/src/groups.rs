@@ -1,27 +1,27 @@
 //! Aggregation across batches, on DataFusion's own partial aggregation states.
 //!
 //! DataFusion plans the query's aggregate as usual. Everything below it runs on
-//! each chunk; its groups are kept here, across batches, as DataFusion's
-//! [`GroupsAccumulator`]s, whose partial `state` is what is stored between
-//! batches and merged back (`merge_batch`) when a batch begins. At the end of a
-//! batch the groups the output mode names are evaluated, and everything above the
-//! aggregate (HAVING, the SELECT list) runs over them. No accumulator is our own:
-//! `count`, `sum`, `avg`, `count(DISTINCT)`, `approx_distinct` and every other
-//! aggregate whose partial state merges work the same way.
+//! each chunk; its groups are kept here, across batches, as the partial `state`
+//! of DataFusion's [`GroupsAccumulator`]s. At the end of a batch the groups the
+//! output mode names are evaluated, and everything above the aggregate (HAVING,
+//! the SELECT list) runs over them. No accumulator is our own: `count`, `sum`,
+//! `avg`, `count(DISTINCT)`, `approx_distinct` and every other aggregate whose
+//! partial state merges work the same way.
 //!
-//! A batch's state is a table: the group keys, then each aggregate's state
-//! columns. It moves in versions: [`Aggregation::begin`] starts from the last
-//! committed one, [`Aggregation::finish`] makes the next, and
-//! [`Aggregation::commit`] makes that the one the next batch starts from, once it
-//! is durable. A batch begun again starts from the same version, so it gives the
-//! same output.
+//! The committed groups are kept in blocks, one per window when groups leave
+//! the state window by window: a block's keys are packed in one buffer
+//! ([`Keys`]) and its states are Arrow arrays, a row per group, so that a group
+//! costs tens of bytes and a window the watermark closes is freed whole. A batch
+//! aggregates its rows into accumulators of its own, holding only the groups it
+//! touched, and [`Aggregation::finish`] merges them with the committed states
+//! of the same groups. The next version waits until [`Aggregation::commit`],
+//! once it is durable, so that a batch begun again starts from the same state
+//! and gives the same output.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Int8Array, RecordBatch, UInt32Array, new_null_array,
-};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int8Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use arrow::row::{RowConverter, SortField};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
@@ -30,6 +30,11 @@ use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::PhysicalExpr;
 
 use crate::StateError;
+use crate::block::{
+    ALL_GROUPS, Batch, Block, BlockKey, Layout, NEW, Pending, StateStats, Touched, take_rows,
+};
+use crate::error::{execution, internal};
+use crate::keys::{KeyHasher, Keys};
 
 /// When a group's row is emitted: Spark's output modes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,67 +83,80 @@ pub struct AggregateParts {
     pub input: SchemaRef,
 }
 
-/// Counts of a batch's state, for its progress report (Spark's
-/// `stateOperators` entry).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StateStats {
-    /// Groups held after the batch.
-    pub rows_total: u64,
-    /// Groups the batch changed.
-    pub rows_updated: u64,
-    /// Groups the batch removed, as final.
-    pub rows_removed: u64,
-    /// Input rows dropped as later than the watermark.
-    pub rows_dropped_by_watermark: u64,
-    /// The state's size in memory, in bytes.
-    pub memory_used_bytes: u64,
-}
-
-/// One version of the state: the groups and their partial states.
-#[derive(Clone)]
-struct Version {
-    table: RecordBatch,
-    /// Each group's key in DataFusion's row format, to its row in `table`.
-    index: HashMap<Box<[u8]>, usize>,
-}
-
-/// The batch in progress.
+/// The batch in progress: what it touched, block by block, and its own
+/// accumulators, holding only what the batch's rows added.
 struct Working {
-    index: HashMap<Box<[u8]>, usize>,
+    blocks: BTreeMap<BlockKey, Touched>,
     accumulators: Vec<Box<dyn GroupsAccumulator>>,
-    updated: Vec<bool>,
+    groups: usize,
     dropped: u64,
+    /// The bytes it holds, after its last chunk.
+    bytes: u64,
 }
 
-/// What a finished batch leaves, until it is committed.
-struct Pending {
-    version: Version,
-    delta: RecordBatch,
-    stats: StateStats,
+impl Working {
+    fn memory_size(&self) -> u64 {
+        let touched: usize = self
+            .blocks
+            .values()
+            .map(|t| {
+                t.keys.memory_size()
+                    + (t.batch.capacity() + t.committed.capacity()) * size_of::<u32>()
+            })
+            .sum();
+        let accumulators: usize = self.accumulators.iter().map(|a| a.size()).sum();
+        (touched + accumulators) as u64
+    }
+}
+
+/// Group keys of one chunk's rows, in a block's row format: none when the
+/// block's groups have no key of their own (a window is the only key).
+enum ChunkKeys {
+    Rows(arrow::row::Rows),
+    Empty,
+}
+
+impl ChunkKeys {
+    fn get(&self, row: usize) -> &[u8] {
+        match self {
+            ChunkKeys::Rows(rows) => rows.row(row).data(),
+            ChunkKeys::Empty => &[],
+        }
+    }
 }
 
 /// A stateful aggregation over the stream.
 pub struct Aggregation {
-    parts: AggregateParts,
-    mode: OutputMode,
-    eviction: Eviction,
-    session: Option<usize>,
-    converter: RowConverter,
+    pub(crate) parts: AggregateParts,
+    pub(crate) mode: OutputMode,
+    pub(crate) eviction: Eviction,
+    pub(crate) session: Option<usize>,
+    pub(crate) layout: Layout,
+    /// Every group key, for state files and their partitions.
+    pub(crate) converter: RowConverter,
+    /// The keys within a block; `None` when there are none.
+    pub(crate) block_converter: Option<RowConverter>,
+    pub(crate) hasher: KeyHasher,
     /// Keys, then state columns, all nullable.
-    state_schema: SchemaRef,
+    pub(crate) state_schema: SchemaRef,
     /// `state_schema` behind an `op` column: 0 for a group written, 1 for one
     /// removed. Deltas and snapshots are tables of this schema.
-    file_schema: SchemaRef,
-    committed: Version,
+    pub(crate) file_schema: SchemaRef,
+    pub(crate) committed: BTreeMap<BlockKey, Block>,
     /// In a mutex only so that the query can be shared while a chunk runs;
     /// it is reached through `&mut self`, without locking.
     working: Mutex<Option<Working>>,
-    pending: Option<Pending>,
-    stats: StateStats,
+    pub(crate) pending: Option<Pending>,
+    pub(crate) stats: StateStats,
     /// `[query] max_state_rows`.
-    max_rows: u64,
+    pub(crate) max_rows: u64,
     /// How many partitions its state files are split into.
     partitions: u32,
+    /// `[query] state_memory_mb`, in bytes: the most the state and a batch's
+    /// own structures may hold.
+    memory_limit: u64,
+    /// The committed blocks' bytes.
+    pub(crate) committed_bytes: u64,
 }
 
 impl std::fmt::Debug for Aggregation {
@@ -146,24 +164,17 @@ impl std::fmt::Debug for Aggregation {
         f.debug_struct("Aggregation")
             .field("mode", &self.mode)
             .field("eviction", &self.eviction)
-            .field("groups", &self.committed.table.num_rows())
+            .field("layout", &self.layout)
+            .field("blocks", &self.committed.len())
             .finish_non_exhaustive()
     }
-}
-
-fn internal(context: &str, e: impl std::fmt::Display) -> StateError {
-    StateError::Internal(format!("{context}: {e}"))
-}
-
-fn execution(e: impl std::fmt::Display) -> StateError {
-    StateError::Execution(one_line(&e.to_string()))
 }
 
 /// The name of the column in state files that says whether a row writes or
 /// removes its group.
 const OP_COLUMN: &str = "op";
-const OP_WRITE: i8 = 0;
-const OP_REMOVE: i8 = 1;
+pub(crate) const OP_WRITE: i8 = 0;
+pub(crate) const OP_REMOVE: i8 = 1;
 
 impl Aggregation {
     /// An aggregation over `parts`, emitting by `mode`; `session` is the window
@@ -197,29 +208,47 @@ impl Aggregation {
                 )));
             }
         }
+        // A session's groups merge with others of their key, and an event-time
+        // key closes group by group: those keep every group in one block.
+        let layout = match (eviction, session) {
+            (Eviction::Window(i), None) => Layout::Windows(i),
+            _ => Layout::One,
+        };
+        let block_sort: Vec<SortField> = sort
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| layout != Layout::Windows(*i))
+            .map(|(_, field)| field.clone())
+            .collect();
+        let block_converter = if block_sort.is_empty() {
+            None
+        } else {
+            Some(RowConverter::new(block_sort).map_err(|e| internal("group keys", e))?)
+        };
         let converter = RowConverter::new(sort).map_err(|e| internal("group keys", e))?;
         let state_schema = Arc::new(Schema::new(fields.clone()));
         let mut file_fields = vec![Arc::new(Field::new(OP_COLUMN, DataType::Int8, false))];
         file_fields.extend(fields);
         let file_schema = Arc::new(Schema::new(file_fields));
-        let committed = Version {
-            table: RecordBatch::new_empty(state_schema.clone()),
-            index: HashMap::new(),
-        };
         Ok(Aggregation {
             parts,
             mode,
             eviction,
             session,
+            layout,
             converter,
+            block_converter,
+            hasher: KeyHasher::default(),
             state_schema,
             file_schema,
-            committed,
+            committed: BTreeMap::new(),
             working: Mutex::new(None),
             pending: None,
             stats: StateStats::default(),
             max_rows,
             partitions: 1,
+            memory_limit: u64::MAX,
+            committed_bytes: 0,
         })
     }
 
@@ -227,6 +256,13 @@ impl Aggregation {
     /// group key ([`partition_of`]); one unless told otherwise.
     pub fn with_partitions(mut self, partitions: u32) -> Aggregation {
         self.partitions = partitions.max(1);
+        self
+    }
+
+    /// Stops a batch whose groups, with the state, pass `bytes`
+    /// ([`StateError::OverMemory`]); no limit unless told.
+    pub fn with_memory_limit(mut self, bytes: u64) -> Aggregation {
+        self.memory_limit = bytes;
         self
     }
 
@@ -250,7 +286,7 @@ impl Aggregation {
         self.stats
     }
 
-    fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>, StateError> {
+    pub(crate) fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>, StateError> {
         self.parts
             .aggregates
             .iter()
@@ -268,31 +304,31 @@ impl Aggregation {
             .map_err(|e| internal("creating an accumulator", e))
     }
 
-    /// The state columns of each aggregate in `table`.
-    fn state_columns(&self, table: &RecordBatch) -> Vec<Vec<ArrayRef>> {
-        let mut at = self.parts.group_exprs.len();
+    /// How many state columns each aggregate has, in order.
+    pub(crate) fn state_widths(&self) -> Vec<usize> {
         self.parts
             .aggregates
             .iter()
-            .map(|aggregate| {
-                let n = aggregate.state_fields().map_or(0, |f| f.len());
-                let columns = table.columns()[at..at + n].to_vec();
-                at += n;
-                columns
-            })
+            .map(|aggregate| aggregate.state_fields().map_or(0, |f| f.len()))
             .collect()
     }
 
-    /// Accumulators holding `table`'s groups, group i being row i.
-    fn load(&self, table: &RecordBatch) -> Result<Vec<Box<dyn GroupsAccumulator>>, StateError> {
+    /// Accumulators holding the groups of `states` (each aggregate's state
+    /// columns, one after the other), group i being row i.
+    pub(crate) fn load(
+        &self,
+        states: &[ArrayRef],
+    ) -> Result<Vec<Box<dyn GroupsAccumulator>>, StateError> {
         let mut accumulators = self.accumulators()?;
-        let n = table.num_rows();
+        let n = states.first().map_or(0, |a| a.len());
         if n > 0 {
             let groups: Vec<usize> = (0..n).collect();
-            for (accumulator, states) in accumulators.iter_mut().zip(self.state_columns(table)) {
+            let mut at = 0;
+            for (accumulator, width) in accumulators.iter_mut().zip(self.state_widths()) {
                 accumulator
-                    .merge_batch(&states, &groups, n)
+                    .merge_batch(&states[at..at + width], &groups, n)
                     .map_err(|e| internal("restoring the state", e))?;
+                at += width;
             }
         }
         Ok(accumulators)
@@ -300,12 +336,12 @@ impl Aggregation {
 
     /// Starts a batch from the committed state.
     pub fn begin(&mut self) -> Result<(), StateError> {
-        let n = self.committed.table.num_rows();
         *self.working() = Some(Working {
-            index: self.committed.index.clone(),
-            accumulators: self.load(&self.committed.table)?,
-            updated: vec![false; n],
+            blocks: BTreeMap::new(),
+            accumulators: self.accumulators()?,
+            groups: 0,
             dropped: 0,
+            bytes: 0,
         });
         self.pending = None;
         Ok(())
@@ -363,31 +399,7 @@ impl Aggregation {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        let rows = self
-            .converter
-            .convert_columns(&keys)
-            .map_err(|e| internal("group keys", e))?;
-        let no_aggregates = self.parts.aggregates.is_empty();
-        let mut groups = Vec::with_capacity(rows.num_rows());
-        for row in rows.iter() {
-            let group = match working.index.get(row.as_ref()) {
-                Some(group) => {
-                    // A group with nothing to aggregate changes only when it is new.
-                    if !no_aggregates {
-                        working.updated[*group] = true;
-                    }
-                    *group
-                }
-                None => {
-                    let group = working.index.len();
-                    working.index.insert(row.as_ref().into(), group);
-                    working.updated.push(true);
-                    group
-                }
-            };
-            groups.push(group);
-        }
-        let total = working.index.len();
+        let groups = self.assign_groups(working, &keys)?;
         for (i, aggregate) in self.parts.aggregates.iter().enumerate() {
             let values: Vec<ArrayRef> = aggregate
                 .expressions()
@@ -400,126 +412,275 @@ impl Aggregation {
             };
             let filter = filter.as_ref().map(|f| f.as_boolean().clone());
             working.accumulators[i]
-                .update_batch(&values, &groups, filter.as_ref(), total)
+                .update_batch(&values, &groups, filter.as_ref(), working.groups)
                 .map_err(execution)?;
+        }
+        working.bytes = working.memory_size();
+        self.within_memory(working.bytes)
+    }
+
+    /// Whether the state and `batch_bytes` of a batch's own fit the budget.
+    pub(crate) fn within_memory(&self, batch_bytes: u64) -> Result<(), StateError> {
+        let bytes = self.committed_bytes + batch_bytes;
+        if bytes > self.memory_limit {
+            return Err(StateError::OverMemory {
+                bytes,
+                limit: self.memory_limit,
+            });
         }
         Ok(())
     }
 
-    /// Ends the batch under `watermark_ms`: the rows its output mode emits (in
-    /// the aggregate's output schema), and the next version of the state.
-    pub fn finish(&mut self, watermark_ms: i64) -> Result<RecordBatch, StateError> {
+    /// The batch's group of each row whose group keys are `keys`, adding the
+    /// groups it had not touched yet. Rows are taken block by block, each
+    /// key hashed once for the batch's groups and the committed ones.
+    fn assign_groups(
+        &self,
+        working: &mut Working,
+        keys: &[ArrayRef],
+    ) -> Result<Vec<usize>, StateError> {
+        let n = keys.first().map_or(0, |k| k.len());
+        let (chunk_keys, blocks) = self.chunk_keys(keys)?;
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        if let Some(blocks) = &blocks
+            && blocks.windows(2).any(|w| w[0] != w[1])
+        {
+            order.sort_by_key(|&r| blocks[r as usize]);
+        }
+        let block_of = |r: u32| blocks.as_ref().map_or(ALL_GROUPS, |b| b[r as usize]);
+        let Working {
+            blocks: touched_blocks,
+            groups: batch_groups,
+            ..
+        } = working;
+        let mut groups = vec![0_usize; n];
+        let mut at = 0;
+        while at < n {
+            let block = block_of(order[at]);
+            let run = order[at..]
+                .iter()
+                .take_while(|&&r| block_of(r) == block)
+                .count();
+            let committed = self.committed.get(&block);
+            let touched = touched_blocks.entry(block).or_default();
+            for &r in &order[at..at + run] {
+                let key = chunk_keys.get(r as usize);
+                let hash = self.hasher.hash(key);
+                let group = match touched.keys.find(hash, key) {
+                    Some(local) => touched.batch[local as usize],
+                    None => {
+                        let group = u32::try_from(*batch_groups).map_err(|_| {
+                            internal("a batch's groups", "more than 4 Gi groups in one batch")
+                        })?;
+                        touched.keys.push(&self.hasher, hash, key)?;
+                        touched.batch.push(group);
+                        touched.committed.push(
+                            committed
+                                .and_then(|b| b.keys.find(hash, key))
+                                .unwrap_or(NEW),
+                        );
+                        *batch_groups += 1;
+                        group
+                    }
+                };
+                groups[r as usize] = group as usize;
+            }
+            at += run;
+        }
+        Ok(groups)
+    }
+
+    /// The keys of a chunk's rows within their blocks, and each row's block
+    /// when the groups are kept by window.
+    fn chunk_keys(
+        &self,
+        keys: &[ArrayRef],
+    ) -> Result<(ChunkKeys, Option<Vec<BlockKey>>), StateError> {
+        let (within, blocks) = match self.layout {
+            Layout::Windows(i) => {
+                let starts = window_bounds_ms(keys[i].as_ref(), 0)?;
+                let ends = window_bounds_ms(keys[i].as_ref(), 1)?;
+                let blocks = starts
+                    .values()
+                    .iter()
+                    .zip(ends.values().iter())
+                    .map(|(s, e)| (*s, *e))
+                    .collect();
+                let others: Vec<ArrayRef> = keys
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| *k != i)
+                    .map(|(_, key)| key.clone())
+                    .collect();
+                (others, Some(blocks))
+            }
+            Layout::One => (keys.to_vec(), None),
+        };
+        let chunk_keys = match &self.block_converter {
+            Some(converter) => ChunkKeys::Rows(
+                converter
+                    .convert_columns(&within)
+                    .map_err(|e| internal("group keys", e))?,
+            ),
+            None => ChunkKeys::Empty,
+        };
+        Ok((chunk_keys, blocks))
+    }
+
+    /// The batch in progress, taken out.
+    pub(crate) fn take_working(&mut self) -> Result<Option<Batch>, StateError> {
         if self.working().is_none() {
             self.begin()?;
         }
-        let Some(mut working) = self.working().take() else {
-            return Ok(RecordBatch::new_empty(self.parts.output.clone()));
+        let Some(working) = self.working().take() else {
+            return Ok(None);
         };
-        let total = working.index.len();
-        let mut ordered: Vec<&[u8]> = vec![&[]; total];
-        for (key, group) in &working.index {
-            ordered[*group] = key;
-        }
-        let parser = self.converter.parser();
-        let mut columns = self
-            .converter
-            .convert_rows(ordered.iter().map(|k| parser.parse(k)))
-            .map_err(|e| internal("group keys", e))?;
-        for accumulator in &mut working.accumulators {
-            columns.extend(
+        let mut states = Vec::new();
+        for mut accumulator in working.accumulators {
+            states.extend(
                 accumulator
                     .state(EmitTo::All)
                     .map_err(|e| internal("the state of an aggregate", e))?,
             );
         }
-        let mut table = RecordBatch::try_new(self.state_schema.clone(), columns)
-            .map_err(|e| internal("the state table", e))?;
-        let mut updated = working.updated;
-        if let Some(window) = self.session {
-            (table, updated) = self.merge_sessions(&table, &updated, window)?;
-        }
-        let n = table.num_rows();
-        let closed: Vec<bool> = match self.eviction {
-            Eviction::Never => vec![false; n],
-            Eviction::Window(i) => {
-                let ends = window_bounds_ms(table.column(i).as_ref(), 1)?;
-                ends.iter()
-                    .map(|end| end.is_some_and(|end| end <= watermark_ms))
-                    .collect()
-            }
-            Eviction::Time(i) => {
-                let times = time_ms(table.column(i))?;
-                times
-                    .iter()
-                    .map(|t| t.is_some_and(|t| t < watermark_ms))
-                    .collect()
-            }
-        };
-        let emit: Vec<u32> = (0..n)
-            .filter(|&g| match self.mode {
-                OutputMode::Append => closed[g],
-                OutputMode::Update => updated[g],
-                OutputMode::Complete => true,
-            })
-            .map(|g| g as u32)
-            .collect();
-        let keep: Vec<u32> = (0..n).filter(|&g| !closed[g]).map(|g| g as u32).collect();
-        if keep.len() as u64 > self.max_rows {
-            return Err(StateError::TooLarge {
-                rows: keep.len() as u64,
-                limit: self.max_rows,
-            });
-        }
-        let output = self.evaluate(&table, &emit)?;
-
-        let kept = take_rows(&table, &keep)?;
-        let keys = &kept.columns()[..self.parts.group_exprs.len()];
-        let rows = self
-            .converter
-            .convert_columns(keys)
-            .map_err(|e| internal("group keys", e))?;
-        let index: HashMap<Box<[u8]>, usize> = rows
-            .iter()
-            .enumerate()
-            .map(|(i, row)| (Box::from(row.as_ref()), i))
-            .collect();
-        let changed: Vec<u32> = keep
-            .iter()
-            .enumerate()
-            .filter(|(_, old)| updated[**old as usize])
-            .map(|(new, _)| new as u32)
-            .collect();
-        let removed: Vec<u32> = self
-            .committed
-            .index
-            .iter()
-            .filter(|(key, _)| !index.contains_key(*key))
-            .map(|(_, row)| *row as u32)
-            .collect();
-        let delta = self.delta(&kept, &changed, &removed)?;
-        let stats = StateStats {
-            rows_total: kept.num_rows() as u64,
-            rows_updated: changed.len() as u64,
-            rows_removed: (n - keep.len()) as u64,
-            rows_dropped_by_watermark: working.dropped,
-            memory_used_bytes: (kept.get_array_memory_size()
-                + index.keys().map(|k| k.len() + 32).sum::<usize>())
-                as u64,
-        };
-        self.stats = stats;
-        self.pending = Some(Pending {
-            version: Version { table: kept, index },
-            delta,
-            stats,
-        });
-        Ok(output)
+        Ok(Some(Batch {
+            touched: working.blocks,
+            states,
+            dropped: working.dropped,
+            bytes: working.bytes,
+        }))
     }
 
-    /// The aggregate's output for the groups `rows` of `table`.
-    fn evaluate(&self, table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, StateError> {
-        let chosen = take_rows(table, rows)?;
-        let mut accumulators = self.load(&chosen)?;
-        let mut columns: Vec<ArrayRef> = chosen.columns()[..self.parts.group_exprs.len()].to_vec();
+    /// The key columns of `rows` of a block, in the order of the group keys,
+    /// the window's built from the block's bounds.
+    pub(crate) fn key_columns<'a>(
+        &self,
+        block: BlockKey,
+        keys: impl Iterator<Item = &'a [u8]>,
+        rows: usize,
+    ) -> Result<Vec<ArrayRef>, StateError> {
+        let mut columns = match &self.block_converter {
+            Some(converter) => {
+                let parser = converter.parser();
+                converter
+                    .convert_rows(keys.map(|k| parser.parse(k)))
+                    .map_err(|e| internal("group keys", e))?
+            }
+            None => Vec::new(),
+        };
+        if let Layout::Windows(i) = self.layout {
+            columns.insert(i, self.window_column(block, rows)?);
+        }
+        Ok(columns)
+    }
+
+    /// A window key column of `rows` rows of the window `block`.
+    fn window_column(&self, block: BlockKey, rows: usize) -> Result<ArrayRef, StateError> {
+        let Layout::Windows(i) = self.layout else {
+            return Err(internal("a window column", "the groups have no window"));
+        };
+        let DataType::Struct(fields) = self.state_schema.field(i).data_type() else {
+            return Err(internal(
+                "a window column",
+                self.state_schema.field(i).data_type(),
+            ));
+        };
+        let time_type = fields[0].data_type();
+        let bound = |ms: i64| crate::from_epoch_millis(vec![Some(ms); rows].into(), time_type);
+        let bounds = vec![
+            bound(block.0).map_err(execution)?,
+            bound(block.1).map_err(execution)?,
+        ];
+        Ok(Arc::new(
+            arrow::array::StructArray::try_new(fields.clone(), bounds, None)
+                .map_err(|e| internal("a window column", e))?,
+        ))
+    }
+
+    /// A table of the state's schema: `keys`, then `states`.
+    pub(crate) fn state_table(
+        &self,
+        mut keys: Vec<ArrayRef>,
+        states: Vec<ArrayRef>,
+    ) -> Result<RecordBatch, StateError> {
+        keys.extend(states);
+        RecordBatch::try_new(self.state_schema.clone(), keys)
+            .map_err(|e| internal("the state table", e))
+    }
+
+    /// The committed block `key` as a table of the state's schema.
+    fn block_table(&self, key: BlockKey, block: &Block) -> Result<RecordBatch, StateError> {
+        let keys = self.key_columns(key, block.keys.iter(), block.keys.len())?;
+        self.state_table(keys, block.states.clone())
+    }
+
+    /// The blocks holding the groups of `table`, a table of the state's
+    /// schema with one row per group.
+    pub(crate) fn blocks_of(
+        &self,
+        table: &RecordBatch,
+    ) -> Result<BTreeMap<BlockKey, Block>, StateError> {
+        let mut rows: BTreeMap<BlockKey, Vec<u32>> = BTreeMap::new();
+        match self.layout {
+            Layout::Windows(i) => {
+                let starts = window_bounds_ms(table.column(i).as_ref(), 0)?;
+                let ends = window_bounds_ms(table.column(i).as_ref(), 1)?;
+                for r in 0..table.num_rows() {
+                    rows.entry((starts.value(r), ends.value(r)))
+                        .or_default()
+                        .push(r as u32);
+                }
+            }
+            Layout::One if table.num_rows() > 0 => {
+                rows.insert(ALL_GROUPS, (0..table.num_rows() as u32).collect());
+            }
+            Layout::One => {}
+        }
+        let keys = self.parts.group_exprs.len();
+        let mut blocks = BTreeMap::new();
+        for (key, rows) in rows {
+            let part = if rows.len() == table.num_rows() {
+                table.clone()
+            } else {
+                take_rows(table, &rows)?
+            };
+            let (chunk_keys, _) = self.chunk_keys(&part.columns()[..keys])?;
+            let mut block = Block {
+                keys: Keys::with_capacity(part.num_rows(), 0),
+                states: part.columns()[keys..].to_vec(),
+            };
+            for r in 0..part.num_rows() {
+                let key = chunk_keys.get(r);
+                let hash = self.hasher.hash(key);
+                if block.keys.find(hash, key).is_some() {
+                    return Err(internal("the state", "two groups of one key"));
+                }
+                block.keys.push(&self.hasher, hash, key)?;
+            }
+            blocks.insert(key, block);
+        }
+        Ok(blocks)
+    }
+
+    /// The state's size in memory: every committed block's keys and states.
+    pub(crate) fn committed_memory(&self) -> u64 {
+        self.committed
+            .values()
+            .map(Block::memory_size)
+            .sum::<usize>() as u64
+    }
+
+    /// How many groups the committed state holds.
+    pub(crate) fn committed_groups(&self) -> u64 {
+        self.committed.values().map(|b| b.keys.len() as u64).sum()
+    }
+
+    /// The aggregate's output for the groups of `table`, a table of the
+    /// state's schema.
+    pub(crate) fn evaluate(&self, table: &RecordBatch) -> Result<RecordBatch, StateError> {
+        let keys = self.parts.group_exprs.len();
+        let mut accumulators = self.load(&table.columns()[keys..])?;
+        let mut columns: Vec<ArrayRef> = table.columns()[..keys].to_vec();
         for accumulator in &mut accumulators {
             columns.push(accumulator.evaluate(EmitTo::All).map_err(execution)?);
         }
@@ -548,132 +709,6 @@ impl Aggregation {
             .map_err(|e| internal("the aggregate's rows", e))
     }
 
-    /// Merges each key's session windows that overlap into one, with their
-    /// states merged, as Spark's session windows do.
-    fn merge_sessions(
-        &self,
-        table: &RecordBatch,
-        updated: &[bool],
-        window: usize,
-    ) -> Result<(RecordBatch, Vec<bool>), StateError> {
-        let n = table.num_rows();
-        let starts = window_bounds_ms(table.column(window).as_ref(), 0)?;
-        let ends = window_bounds_ms(table.column(window).as_ref(), 1)?;
-        // The other keys, to tell the sessions of one key from another's.
-        let others: Vec<ArrayRef> = table.columns()[..self.parts.group_exprs.len()]
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != window)
-            .map(|(_, c)| c.clone())
-            .collect();
-        let others_fields = others
-            .iter()
-            .map(|c| SortField::new(c.data_type().clone()))
-            .collect();
-        let converter = RowConverter::new(others_fields).map_err(|e| internal("keys", e))?;
-        let other_rows = converter
-            .convert_columns(&others)
-            .map_err(|e| internal("keys", e))?;
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|a, b| {
-            other_rows
-                .row(*a)
-                .cmp(&other_rows.row(*b))
-                .then(starts.value(*a).cmp(&starts.value(*b)))
-        });
-        // Each group's session, and each session's first group and bounds.
-        let mut session_of = vec![0_usize; n];
-        let mut sessions: Vec<(usize, i64, i64, bool)> = Vec::new();
-        for &g in &order {
-            let (start, end) = (starts.value(g), ends.value(g));
-            match sessions.last_mut() {
-                Some((first, _, last_end, changed))
-                    if other_rows.row(*first) == other_rows.row(g) && start <= *last_end =>
-                {
-                    *last_end = (*last_end).max(end);
-                    *changed |= updated[g];
-                }
-                _ => sessions.push((g, start, end, updated[g])),
-            }
-            session_of[g] = sessions.len() - 1;
-        }
-        if sessions.len() == n {
-            return Ok((table.clone(), updated.to_vec()));
-        }
-        let firsts: Vec<u32> = sessions.iter().map(|s| s.0 as u32).collect();
-        let mut keys: Vec<ArrayRef> =
-            take_rows(table, &firsts)?.columns()[..self.parts.group_exprs.len()].to_vec();
-        let time_type = match table.column(window).data_type() {
-            DataType::Struct(fields) => fields[0].data_type().clone(),
-            other => return Err(internal("a session window", other)),
-        };
-        let bounds = |values: Vec<Option<i64>>| -> Result<ArrayRef, StateError> {
-            crate::from_epoch_millis(values.into(), &time_type).map_err(execution)
-        };
-        let fields = match table.column(window).data_type() {
-            DataType::Struct(fields) => fields.clone(),
-            other => return Err(internal("a session window", other)),
-        };
-        keys[window] = Arc::new(
-            arrow::array::StructArray::try_new(
-                fields,
-                vec![
-                    bounds(sessions.iter().map(|s| Some(s.1)).collect())?,
-                    bounds(sessions.iter().map(|s| Some(s.2)).collect())?,
-                ],
-                None,
-            )
-            .map_err(execution)?,
-        );
-        let mut accumulators = self.accumulators()?;
-        for (accumulator, states) in accumulators.iter_mut().zip(self.state_columns(table)) {
-            accumulator
-                .merge_batch(&states, &session_of, sessions.len())
-                .map_err(|e| internal("merging sessions", e))?;
-        }
-        let mut columns = keys;
-        for accumulator in &mut accumulators {
-            columns.extend(
-                accumulator
-                    .state(EmitTo::All)
-                    .map_err(|e| internal("merging sessions", e))?,
-            );
-        }
-        let merged = RecordBatch::try_new(self.state_schema.clone(), columns)
-            .map_err(|e| internal("merging sessions", e))?;
-        Ok((merged, sessions.iter().map(|s| s.3).collect()))
-    }
-
-    /// A state file's table: `changed` rows of `table` written, `removed` rows
-    /// of the committed version removed.
-    fn delta(
-        &self,
-        table: &RecordBatch,
-        changed: &[u32],
-        removed: &[u32],
-    ) -> Result<RecordBatch, StateError> {
-        let written = take_rows(table, changed)?;
-        let keys = self.parts.group_exprs.len();
-        let gone = take_rows(&self.committed.table, removed)?;
-        let mut columns: Vec<ArrayRef> = Vec::new();
-        let mut ops = vec![OP_WRITE; written.num_rows()];
-        ops.extend(std::iter::repeat_n(OP_REMOVE, gone.num_rows()));
-        columns.push(Arc::new(Int8Array::from(ops)));
-        for (i, field) in self.state_schema.fields().iter().enumerate() {
-            let removed_part = if i < keys {
-                gone.column(i).clone()
-            } else {
-                new_null_array(field.data_type(), gone.num_rows())
-            };
-            columns.push(
-                arrow::compute::concat(&[written.column(i).as_ref(), removed_part.as_ref()])
-                    .map_err(|e| internal("a state delta", e))?,
-            );
-        }
-        RecordBatch::try_new(self.file_schema.clone(), columns)
-            .map_err(|e| internal("a state delta", e))
-    }
-
     /// The finished batch's delta: the groups it wrote and removed. `None`
     /// before a batch has finished.
     pub fn pending_delta(&self) -> Option<&RecordBatch> {
@@ -682,7 +717,13 @@ impl Aggregation {
 
     /// The whole committed state, as a snapshot file's table.
     pub fn committed_snapshot(&self) -> Result<RecordBatch, StateError> {
-        let table = &self.committed.table;
+        let tables = self
+            .committed
+            .iter()
+            .map(|(key, block)| self.block_table(*key, block))
+            .collect::<Result<Vec<_>, _>>()?;
+        let table = arrow::compute::concat_batches(&self.state_schema, &tables)
+            .map_err(|e| internal("a state snapshot", e))?;
         let mut columns: Vec<ArrayRef> =
             vec![Arc::new(Int8Array::from(vec![OP_WRITE; table.num_rows()]))];
         columns.extend(table.columns().iter().cloned());
@@ -715,8 +756,10 @@ impl Aggregation {
     /// Makes the finished batch's state the one the next batch starts from.
     pub fn commit(&mut self) {
         if let Some(pending) = self.pending.take() {
-            self.committed = pending.version;
             self.stats = pending.stats;
+            self.apply(pending.change);
+            self.committed_bytes = self.committed_memory();
+            self.stats.memory_used_bytes = self.committed_bytes;
         }
     }
 
@@ -756,28 +799,19 @@ impl Aggregation {
         }
         let table = RecordBatch::try_new(self.state_schema.clone(), columns)
             .map_err(|e| internal("restoring the state", e))?;
-        let rows = self
-            .converter
-            .convert_columns(&table.columns()[..keys])
-            .map_err(|e| internal("state keys", e))?;
-        let index = rows
-            .iter()
-            .enumerate()
-            .map(|(i, row)| (Box::from(row.as_ref()), i))
-            .collect();
-        self.committed = Version { table, index };
+        self.committed = self.blocks_of(&table)?;
         *self.working() = None;
         self.pending = None;
-        self.stats.rows_total = self.committed.table.num_rows() as u64;
+        self.stats.rows_total = self.committed_groups();
+        self.committed_bytes = self.committed_memory();
+        self.stats.memory_used_bytes = self.committed_bytes;
         Ok(())
     }
 
     /// Empties the state.
     pub fn reset(&mut self) {
-        self.committed = Version {
-            table: RecordBatch::new_empty(self.state_schema.clone()),
-            index: HashMap::new(),
-        };
+        self.committed = BTreeMap::new();
+        self.committed_bytes = 0;
         *self.working() = None;
         self.pending = None;
     }
@@ -814,20 +848,6 @@ pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
     (hash % u64::from(partitions.max(1))) as u32
 }
 
-/// The event times of a timestamp column, in epoch milliseconds.
-fn time_ms(column: &ArrayRef) -> Result<arrow::array::Int64Array, StateError> {
-    crate::epoch_millis(column).map_err(execution)
-}
-
-/// A message on one line: its lines joined.
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// The `start` (`field` 0) or `end` (`field` 1) bounds of a window struct
 /// column, in epoch milliseconds.
 pub fn window_bounds_ms(
@@ -838,11 +858,6 @@ pub fn window_bounds_ms(
         .as_struct_opt()
         .ok_or_else(|| internal("a window column", window.data_type()))?;
     crate::epoch_millis(window.column(field)).map_err(execution)
-}
-
-fn take_rows(table: &RecordBatch, rows: &[u32]) -> Result<RecordBatch, StateError> {
-    let indices = UInt32Array::from(rows.to_vec());
-    arrow::compute::take_record_batch(table, &indices).map_err(|e| internal("taking groups", e))
 }
 
 #[cfg(test)]

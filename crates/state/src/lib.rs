@@ -12,15 +12,19 @@
 //!
 //! [`GroupsAccumulator`]: datafusion::logical_expr::GroupsAccumulator
 
+mod block;
 mod error;
 mod file;
+mod finish;
 mod groups;
+mod keys;
 mod operator;
 mod time;
 
+pub use block::StateStats;
 pub use error::StateError;
 pub use file::{decode, encode};
 pub use groups::{
-    AggregateParts, Aggregation, Eviction, OutputMode, StateStats, partition_of, window_bounds_ms,
+    AggregateParts, Aggregation, Eviction, OutputMode, partition_of, window_bounds_ms,
 };
 pub use time::{epoch_millis, from_epoch_millis};

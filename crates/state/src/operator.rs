@@ -57,6 +57,7 @@ impl<E: From<StateError>> StatefulOperator<E> for Aggregation {
             rows_removed: stats.rows_removed,
             rows_dropped_by_watermark: stats.rows_dropped_by_watermark,
             memory_used_bytes: stats.memory_used_bytes,
+            batch_memory_bytes: stats.batch_memory_bytes,
         }
     }
 }

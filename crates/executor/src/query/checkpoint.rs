@@ -263,6 +263,7 @@ where
                     num_rows_removed: s.rows_removed,
                     num_rows_dropped_by_watermark: s.rows_dropped_by_watermark,
                     memory_used_bytes: s.memory_used_bytes,
+                    batch_memory_bytes: s.batch_memory_bytes,
                     commit_time_ms: state.micros / 1000,
                     num_state_store_instances: 1,
                     custom_metrics: BTreeMap::from([

@@ -283,6 +283,7 @@ where
                     durations: DurationMs::default(),
                     trigger_start,
                     timestamp,
+                    sizing: None,
                 };
                 return self.execute(planned, summary, on_progress).await;
             }
@@ -296,6 +297,7 @@ where
             durations,
             trigger_start,
             timestamp,
+            sizing: None,
         };
         self.commit_batch(planned, streamed, summary, on_progress)
             .await

@@ -25,7 +25,16 @@ pub struct QuerySection {
     pub max_state_rows: Option<u64>,
     /// How many partitions an aggregation's state is split into.
     pub state_partitions: Option<u32>,
+    /// The memory an aggregation's state and a batch's groups may take, in MiB.
+    pub state_memory_mb: Option<u64>,
 }
+
+/// `[query] state_memory_mb` when it is not set: batches are planned to half
+/// of it, so that a query at its defaults stays within a small machine.
+pub const DEFAULT_STATE_MEMORY_MB: u64 = 256;
+
+/// The largest `state_memory_mb` taken: 1 TiB.
+const MOST_STATE_MEMORY_MB: u64 = 1 << 20;
 
 /// `[dead_letter]`: a directory of JSON-lines files, or a Kafka topic.
 #[derive(Debug, Deserialize)]
@@ -56,6 +65,8 @@ pub struct Processing {
     pub max_state_rows: Option<u64>,
     /// `[query] state_partitions`, when set.
     pub state_partitions: Option<u32>,
+    /// `[query] state_memory_mb`, in bytes.
+    pub state_memory_bytes: std::num::NonZeroU64,
 }
 
 impl Processing {
@@ -66,6 +77,7 @@ impl Processing {
             watermark_column: self.watermark.as_ref().map(|(column, _)| column.clone()),
             max_state_rows: self.max_state_rows,
             state_partitions: self.state_partitions,
+            state_memory_bytes: Some(self.state_memory_bytes.get()),
         }
     }
 }
@@ -103,15 +115,25 @@ pub(super) fn processing(
     if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         bail!("source.table {table:?} must be a plain name: letters, digits and underscores");
     }
-    let (sql, output_mode, max_state_rows, state_partitions) = match query {
+    let (sql, output_mode, max_state_rows, state_partitions, state_memory_mb) = match query {
         Some(query) => (
             Some(query.sql),
             query.output_mode,
             query.max_state_rows,
             query.state_partitions,
+            query.state_memory_mb,
         ),
-        None => (None, None, None, None),
+        None => (None, None, None, None, None),
     };
+    let state_memory_mb = state_memory_mb.unwrap_or(DEFAULT_STATE_MEMORY_MB);
+    if !(1..=MOST_STATE_MEMORY_MB).contains(&state_memory_mb) {
+        bail!(
+            "query.state_memory_mb = {state_memory_mb}: it must be from 1 to {MOST_STATE_MEMORY_MB} \
+             (MiB)"
+        );
+    }
+    let state_memory_bytes = std::num::NonZeroU64::new(state_memory_mb << 20)
+        .context("query.state_memory_mb is at least 1")?;
     if max_state_rows == Some(0) {
         bail!("query.max_state_rows must be at least 1");
     }
@@ -152,6 +174,7 @@ pub(super) fn processing(
         output_mode,
         max_state_rows,
         state_partitions,
+        state_memory_bytes,
     };
     Ok((processing, dead_letters))
 }
