@@ -118,8 +118,8 @@ async fn a_group_per_event_is_planned_to_a_small_budget_and_every_window_comes_o
     assert_eq!(first["measured"], false, "{first}");
     assert_eq!(first["limitedBy"], "memory", "{first}");
     assert_eq!(
-        first["maxRecords"], 2048,
-        "1 KiB a record in half the budget: {first}"
+        first["maxRecords"], 1024,
+        "1 KiB a record in a quarter of the budget: {first}"
     );
     for p in &with_data {
         let memory = &p["memory"];

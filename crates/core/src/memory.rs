@@ -8,9 +8,12 @@ use std::num::NonZeroU64;
 
 /// The share of the budget a plan fills with the state and the batch's own
 /// structures, as the stateful operators count them. The rest is for what they
-/// do not count: the records being read and decoded, the batch's output, the
-/// allocator's own pages, and a batch whose keys are newer than the last one's.
-pub const PLANNED_SHARE: f64 = 0.5;
+/// do not count: the records being read and decoded, the plan above the
+/// aggregate, the allocator's own pages, and a batch whose keys are newer than
+/// the last one's. Measured on a group per event: the process's peak RSS less
+/// its size at rest was about 1.5 times what was planned, and batches of a
+/// quarter ran faster than batches of half, their pages faulted in fewer times.
+pub const PLANNED_SHARE: f64 = 0.25;
 
 /// The bytes an input record is assumed to cost before a batch measured it:
 /// a group of its own with a long key, and the copies a batch makes of it.
@@ -101,9 +104,9 @@ mod tests {
     }
 
     #[test]
-    fn a_first_batch_assumes_a_kibibyte_a_record_in_half_the_budget() {
+    fn a_first_batch_assumes_a_kibibyte_a_record_in_a_quarter_of_the_budget() {
         let sizing = budget(256).plan(0);
-        assert_eq!(sizing.max_records.get(), 128 * 1024);
+        assert_eq!(sizing.max_records.get(), 64 * 1024);
         assert!(!sizing.measured);
     }
 
@@ -114,7 +117,7 @@ mod tests {
         b.observe(100_000, 10_000_000);
         let sizing = b.plan(28 * MIB);
         assert!(sizing.measured);
-        assert_eq!(sizing.max_records.get(), (100 * MIB) / 100);
+        assert_eq!(sizing.max_records.get(), (36 * MIB) / 100);
         // A batch of old keys costs less; the cost falls slowly towards it.
         b.observe(1_000_000, 10_000_000);
         assert_eq!(b.plan(0).bytes_per_record, 75.0);
@@ -130,6 +133,6 @@ mod tests {
     fn a_state_over_its_share_still_reads_the_fewest_records() {
         let mut b = budget(64);
         b.observe(10_000, 1_000_000);
-        assert_eq!(b.plan(60 * MIB).max_records.get(), MIN_RECORDS);
+        assert_eq!(b.plan(30 * MIB).max_records.get(), MIN_RECORDS);
     }
 }

@@ -243,15 +243,16 @@ impl StreamQuery {
         let Some(stateful) = self.stateful.as_mut() else {
             return Ok(Vec::new());
         };
-        let emitted = stateful.aggregation.finish(watermark_ms)?;
-        if emitted.num_rows() == 0 {
+        let mut emitted = stateful.aggregation.finish(watermark_ms)?;
+        emitted.retain(|batch| batch.num_rows() > 0);
+        if emitted.is_empty() {
             return Ok(Vec::new());
         }
         *stateful
             .upper_slot
             .0
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = vec![emitted];
+            .unwrap_or_else(PoisonError::into_inner) = emitted;
         let out = run_plan(&stateful.upper, &self.task).await;
         stateful
             .upper_slot

@@ -32,8 +32,9 @@ struct Merged {
 
 impl Aggregation {
     /// Ends the batch under `watermark_ms`: the rows its output mode emits (in
-    /// the aggregate's output schema), and the next version of the state.
-    pub fn finish(&mut self, watermark_ms: i64) -> Result<RecordBatch, StateError> {
+    /// the aggregate's output schema, a batch per window), and the next
+    /// version of the state.
+    pub fn finish(&mut self, watermark_ms: i64) -> Result<Vec<RecordBatch>, StateError> {
         let Some(Batch {
             touched,
             states,
@@ -41,7 +42,7 @@ impl Aggregation {
             bytes,
         }) = self.take_working()?
         else {
-            return Ok(RecordBatch::new_empty(self.parts.output.clone()));
+            return Ok(Vec::new());
         };
         let mut merged = Vec::with_capacity(touched.len());
         for (key, touched) in touched {
@@ -86,10 +87,9 @@ impl Aggregation {
             } else {
                 self.finish_by_block(merged, dropped, watermark_ms)?
             };
-        pending.stats.batch_memory_bytes = bytes
-            + (merged_bytes
-                + pending.delta.get_array_memory_size()
-                + output.get_array_memory_size()) as u64;
+        let output_bytes: usize = output.iter().map(|b| b.get_array_memory_size()).sum();
+        pending.stats.batch_memory_bytes =
+            bytes + (merged_bytes + pending.delta.get_array_memory_size() + output_bytes) as u64;
         self.within_memory(pending.stats.batch_memory_bytes)?;
         pending.stats.memory_used_bytes = self.committed_bytes;
         self.stats = pending.stats;
@@ -189,7 +189,7 @@ impl Aggregation {
         merged: Vec<Merged>,
         dropped: u64,
         watermark_ms: i64,
-    ) -> Result<(RecordBatch, Pending), StateError> {
+    ) -> Result<(Vec<RecordBatch>, Pending), StateError> {
         let mut stats = StateStats {
             rows_dropped_by_watermark: dropped,
             ..StateStats::default()
@@ -230,23 +230,27 @@ impl Aggregation {
             .chain(by_key.keys())
             .copied()
             .collect();
-        let mut emitted = Vec::new();
+        // Evaluated window by window, so that no table of every emitted
+        // group's states is made beside their output.
+        let mut output = Vec::new();
         match self.mode {
             OutputMode::Append | OutputMode::Complete => {
                 for key in &every {
                     if self.mode == OutputMode::Complete || self.closes(key, watermark_ms) {
-                        emitted.push(self.table_after(*key, by_key.get(key).copied())?);
+                        let table = self.table_after(*key, by_key.get(key).copied())?;
+                        output.push(self.evaluate(&table)?);
                     }
                 }
             }
             OutputMode::Update => {
                 for m in &merged {
-                    emitted.push(self.touched_table(m, &self.changed(&m.touched))?);
+                    let changed = self.changed(&m.touched);
+                    if !changed.is_empty() {
+                        output.push(self.evaluate(&self.touched_table(m, &changed)?)?);
+                    }
                 }
             }
         }
-        let output = self.evaluate(&self.concat(&emitted)?)?;
-        drop(emitted);
 
         let mut written = Vec::new();
         for m in &merged {
@@ -262,7 +266,7 @@ impl Aggregation {
                 closed.push(*key);
             }
         }
-        let delta = self.delta(&self.concat(&written)?, removed)?;
+        let delta = self.delta(written, removed)?;
         let stays = merged
             .into_iter()
             .filter(|m| !self.closes(&m.key, watermark_ms))
@@ -284,7 +288,7 @@ impl Aggregation {
         merged: Vec<Merged>,
         dropped: u64,
         watermark_ms: i64,
-    ) -> Result<(RecordBatch, Pending), StateError> {
+    ) -> Result<(Vec<RecordBatch>, Pending), StateError> {
         let merged = merged.into_iter().find(|m| m.key == ALL_GROUPS);
         let committed = self.committed.get(&ALL_GROUPS);
         let table = match (&merged, committed) {
@@ -338,7 +342,7 @@ impl Aggregation {
                 limit: self.max_rows,
             });
         }
-        let output = self.evaluate(&take_rows(&table, &emit)?)?;
+        let output = vec![self.evaluate(&take_rows(&table, &emit)?)?];
         let kept = take_rows(&table, &keep)?;
         let blocks = self.blocks_of(&kept)?;
         let changed: Vec<u32> = keep
@@ -360,7 +364,7 @@ impl Aggregation {
             let count = gone.len();
             removed.push(self.key_columns(ALL_GROUPS, gone.into_iter(), count)?);
         }
-        let delta = self.delta(&take_rows(&kept, &changed)?, removed)?;
+        let delta = self.delta(vec![take_rows(&kept, &changed)?], removed)?;
         let stats = StateStats {
             rows_total: kept.num_rows() as u64,
             rows_updated: changed.len() as u64,
@@ -382,15 +386,16 @@ impl Aggregation {
             .map_err(|e| internal("the state's groups", e))
     }
 
-    /// A state file's table: the groups of `written` written, and the groups
-    /// of the key columns in `removed` removed.
+    /// A state file's table: the groups of the tables `written` written, and
+    /// the groups of the key columns in `removed` removed.
     fn delta(
         &self,
-        written: &RecordBatch,
+        written: Vec<RecordBatch>,
         removed: Vec<Vec<ArrayRef>>,
     ) -> Result<RecordBatch, StateError> {
         let keys = self.parts.group_exprs.len();
-        let mut parts = vec![written.clone()];
+        let writes: usize = written.iter().map(RecordBatch::num_rows).sum();
+        let mut parts = written;
         for key_columns in removed {
             let rows = key_columns.first().map_or(0, |c| c.len());
             let states = self.state_schema.fields()[keys..]
@@ -400,7 +405,7 @@ impl Aggregation {
             parts.push(self.state_table(key_columns, states)?);
         }
         let table = self.concat(&parts)?;
-        let mut ops = vec![OP_WRITE; written.num_rows()];
+        let mut ops = vec![OP_WRITE; writes];
         ops.resize(table.num_rows(), OP_REMOVE);
         let mut columns: Vec<ArrayRef> = vec![Arc::new(Int8Array::from(ops))];
         columns.extend(table.columns().iter().cloned());
