@@ -317,6 +317,14 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
         }
     }
 
+    let topics_read: Vec<&str> = [
+        (chosen.iter().any(|c| !on_events(c)), topic.as_str()),
+        (chosen.iter().any(on_events), events_topic.as_str()),
+    ]
+    .into_iter()
+    .filter_map(|(read, name)| read.then_some(name))
+    .collect();
+
     let work = root.join("target").join("bench");
     fs::create_dir_all(&work)?;
     // The machine is noisy and its speed drifts over a run, so every run of a
@@ -375,8 +383,7 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
     let report = json!({
         "command": command,
         "cores": cores,
-        "topic": topic,
-        "events_topic": events_topic,
+        "topic": topics_read.join("` and `"),
         "baseline": {
             "records_per_second": stats(baseline.iter().map(|b| b.records_per_second).collect()),
             "reading_records_per_second": stats(baseline.iter().map(|b| b.reading_records_per_second).collect()),

@@ -361,6 +361,20 @@ impl QueryProgress {
                 ));
             }
         }
+        if let Some(memory) = &self.memory {
+            let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+            line.push_str(&format!(
+                ", state and batch {:.1} of {:.0} MiB",
+                mib(memory.state_bytes + memory.batch_bytes),
+                mib(memory.budget_bytes)
+            ));
+            if memory.limited_by == "memory" {
+                line.push_str(&format!(
+                    ", batch held to {} records by it",
+                    thousands(memory.max_records)
+                ));
+            }
+        }
         if let Some(group) = &self.group {
             let held: usize = group.partitions.values().map(Vec::len).sum();
             line.push_str(&format!(
@@ -532,6 +546,23 @@ mod tests {
             odd.summary(),
             "batch 42: 10,000 rows in 18 ms (2.35M rows/s), behind latest 1,234, wal 0.7 ms, \
              commit 1.1 ms, 12 rows out, 3 bad records, state 1,500 rows, 2 late rows dropped"
+        );
+        odd.memory = Some(MemoryProgress {
+            budget_bytes: 64 << 20,
+            state_bytes: 3 << 20,
+            bytes_per_record: 120.0,
+            measured: true,
+            max_records: 10_000,
+            limited_by: "memory",
+            batch_bytes: 1 << 20,
+        });
+        assert!(
+            odd.summary().ends_with(
+                "2 late rows dropped, state and batch 4.0 of 64 MiB, batch held to 10,000 \
+                 records by it"
+            ),
+            "{}",
+            odd.summary()
         );
     }
 
