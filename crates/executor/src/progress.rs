@@ -362,11 +362,10 @@ impl QueryProgress {
             }
         }
         if let Some(memory) = &self.memory {
-            let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
             line.push_str(&format!(
-                ", state and batch {:.1} of {:.0} MiB",
-                mib(memory.state_bytes + memory.batch_bytes),
-                mib(memory.budget_bytes)
+                ", state and batch {} of {}",
+                size(memory.state_bytes + memory.batch_bytes),
+                size(memory.budget_bytes)
             ));
             if memory.limited_by == "memory" {
                 line.push_str(&format!(
@@ -411,6 +410,15 @@ impl QueryProgress {
 }
 
 /// `1234567` as `1,234,567`.
+/// Bytes in KiB under a mebibyte, else in MiB, with a decimal.
+fn size(bytes: u64) -> String {
+    if bytes < 1 << 20 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+    }
+}
+
 fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
@@ -558,8 +566,8 @@ mod tests {
         });
         assert!(
             odd.summary().ends_with(
-                "2 late rows dropped, state and batch 4.0 of 64 MiB, batch held to 10,000 \
-                 records by it"
+                "2 late rows dropped, state and batch 4.0 MiB of 64.0 MiB, batch held to \
+                 10,000 records by it"
             ),
             "{}",
             odd.summary()
