@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 
 use crate::StateError;
+use crate::chunks::Chunks;
 use crate::error::internal;
 use crate::keys::Keys;
 
@@ -53,17 +54,12 @@ pub(crate) enum Layout {
 #[derive(Clone)]
 pub(crate) struct Block {
     pub(crate) keys: Keys,
-    pub(crate) states: Vec<ArrayRef>,
+    pub(crate) states: Chunks,
 }
 
 impl Block {
     pub(crate) fn memory_size(&self) -> usize {
-        self.keys.memory_size()
-            + self
-                .states
-                .iter()
-                .map(|a| a.get_array_memory_size())
-                .sum::<usize>()
+        self.keys.memory_size() + self.states.memory_size()
     }
 }
 
@@ -104,7 +100,7 @@ pub(crate) enum Change {
     /// state columns after the batch, and its new groups' keys.
     Merge {
         closed: Vec<BlockKey>,
-        stays: Vec<(BlockKey, Touched, Vec<ArrayRef>)>,
+        stays: Vec<(BlockKey, Touched, Chunks)>,
     },
     /// The blocks are replaced (a state whose groups merge or close one by one).
     Replace(BTreeMap<BlockKey, Block>),

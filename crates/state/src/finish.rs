@@ -16,6 +16,7 @@ use crate::block::{
     ALL_GROUPS, Batch, Block, BlockKey, Change, Layout, NEW, Pending, Touched, take_columns,
     take_rows,
 };
+use crate::chunks::Chunks;
 use crate::error::{execution, internal};
 use crate::groups::{OP_REMOVE, OP_WRITE};
 use crate::{Aggregation, Eviction, OutputMode, StateError, StateStats, window_bounds_ms};
@@ -27,7 +28,7 @@ struct Merged {
     key: BlockKey,
     touched: Touched,
     states: Vec<ArrayRef>,
-    after: Vec<ArrayRef>,
+    after: Chunks,
 }
 
 impl Aggregation {
@@ -45,6 +46,7 @@ impl Aggregation {
             return Ok(Vec::new());
         };
         let mut merged = Vec::with_capacity(touched.len());
+        let mut merged_bytes = 0;
         for (key, touched) in touched {
             let local = take_columns(&states, &touched.batch)?;
             let committed = self.committed.get(&key);
@@ -55,11 +57,20 @@ impl Aggregation {
                     } else {
                         local
                     };
-                    let after = after_batch(block, &touched, &states)?;
+                    let (after, made) = after_batch(block, &touched, &states)?;
+                    merged_bytes += made;
                     (states, after)
                 }
-                None => (local.clone(), local),
+                // A new block's states after the batch are its merged ones.
+                None => {
+                    let after = Chunks::new(local.clone(), touched.len());
+                    (local, after)
+                }
             };
+            merged_bytes += states
+                .iter()
+                .map(|a| a.get_array_memory_size())
+                .sum::<usize>();
             merged.push(Merged {
                 key,
                 touched,
@@ -68,19 +79,6 @@ impl Aggregation {
             });
         }
         drop(states);
-        let merged_bytes: usize = merged
-            .iter()
-            .map(|m| {
-                let states: usize = m.states.iter().map(|a| a.get_array_memory_size()).sum();
-                // A new block's states after the batch are its merged ones.
-                let after: usize = if self.committed.contains_key(&m.key) {
-                    m.after.iter().map(|a| a.get_array_memory_size()).sum()
-                } else {
-                    0
-                };
-                states + after
-            })
-            .sum();
         let (output, mut pending) =
             if self.session.is_some() || matches!(self.eviction, Eviction::Time(_)) {
                 self.finish_one_by_one(merged, dropped, watermark_ms)?
@@ -113,7 +111,7 @@ impl Aggregation {
             .filter(|(_, c)| **c != NEW)
             .map(|(l, c)| (l, *c))
             .unzip();
-        let old = take_columns(&block.states, &ids)?;
+        let old = block.states.take(&ids)?;
         let all: Vec<usize> = (0..n).collect();
         let mut merged = Vec::with_capacity(local.len());
         let mut at = 0;
@@ -162,7 +160,7 @@ impl Aggregation {
         let Some(merged) = merged else {
             let block = committed.ok_or_else(|| internal("the state", "a block of no groups"))?;
             let keys = self.key_columns(key, block.keys.iter(), block.keys.len())?;
-            return self.state_table(keys, block.states.clone());
+            return self.state_table(keys, block.states.columns()?);
         };
         let touched = &merged.touched;
         let held = committed.map_or(0, |b| b.keys.len());
@@ -172,7 +170,7 @@ impl Aggregation {
             .flat_map(|b| b.keys.iter())
             .chain(touched.new_groups().map(|l| touched.keys.key(l)));
         let keys = self.key_columns(key, keys, held + new)?;
-        self.state_table(keys, merged.after.clone())
+        self.state_table(keys, merged.after.columns()?)
     }
 
     /// The rows `groups` of a touched block, with their merged states.
@@ -551,32 +549,20 @@ impl Aggregation {
 }
 
 /// The block's state columns after the batch: its committed groups, those the
-/// batch touched with their merged `states`, then the batch's new groups.
+/// batch touched with their merged `states`, then the batch's new groups; and
+/// the bytes of the chunks that made.
 fn after_batch(
     block: &Block,
     touched: &Touched,
     states: &[ArrayRef],
-) -> Result<Vec<ArrayRef>, StateError> {
-    let held = block.keys.len();
-    let mut replaced = vec![NEW; held];
-    for (l, c) in touched.committed.iter().enumerate() {
-        if *c != NEW {
-            replaced[*c as usize] = l as u32;
-        }
-    }
-    let picks: Vec<(usize, usize)> = replaced
+) -> Result<(Chunks, usize), StateError> {
+    let replaced: Vec<(u32, u32)> = touched
+        .committed
         .iter()
         .enumerate()
-        .map(|(g, l)| if *l == NEW { (0, g) } else { (1, *l as usize) })
-        .chain(touched.new_groups().map(|l| (1, l as usize)))
+        .filter(|(_, c)| **c != NEW)
+        .map(|(l, c)| (*c, l as u32))
         .collect();
-    block
-        .states
-        .iter()
-        .zip(states)
-        .map(|(old, new)| {
-            arrow::compute::interleave(&[old.as_ref(), new.as_ref()], &picks)
-                .map_err(|e| internal("the state after a batch", e))
-        })
-        .collect()
+    let appended: Vec<u32> = touched.new_groups().collect();
+    block.states.after(&replaced, states, &appended)
 }

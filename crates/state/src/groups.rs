@@ -33,6 +33,7 @@ use crate::StateError;
 use crate::block::{
     ALL_GROUPS, Batch, Block, BlockKey, Layout, NEW, Pending, StateStats, Touched, take_rows,
 };
+use crate::chunks::Chunks;
 use crate::error::{execution, internal};
 use crate::keys::{KeyHasher, Keys};
 
@@ -611,7 +612,7 @@ impl Aggregation {
     /// The committed block `key` as a table of the state's schema.
     fn block_table(&self, key: BlockKey, block: &Block) -> Result<RecordBatch, StateError> {
         let keys = self.key_columns(key, block.keys.iter(), block.keys.len())?;
-        self.state_table(keys, block.states.clone())
+        self.state_table(keys, block.states.columns()?)
     }
 
     /// The blocks holding the groups of `table`, a table of the state's
@@ -647,7 +648,7 @@ impl Aggregation {
             let (chunk_keys, _) = self.chunk_keys(&part.columns()[..keys])?;
             let mut block = Block {
                 keys: Keys::with_capacity(part.num_rows(), 0),
-                states: part.columns()[keys..].to_vec(),
+                states: Chunks::new(part.columns()[keys..].to_vec(), part.num_rows()),
             };
             for r in 0..part.num_rows() {
                 let key = chunk_keys.get(r);

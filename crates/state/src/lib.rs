@@ -13,6 +13,7 @@
 //! [`GroupsAccumulator`]: datafusion::logical_expr::GroupsAccumulator
 
 mod block;
+mod chunks;
 mod error;
 mod file;
 mod finish;
