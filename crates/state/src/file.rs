@@ -15,20 +15,45 @@ use crate::StateError;
 
 /// `table` as the bytes of a state file.
 pub fn encode(table: &RecordBatch) -> Result<Vec<u8>, StateError> {
-    let mut bytes = Vec::new();
-    // LZ4 frames: a state file is written and fsynced before every commit, and
-    // its keys and windows repeat, so compressing it costs less than writing it.
-    let options = IpcWriteOptions::default()
-        .try_with_compression(Some(CompressionType::LZ4_FRAME))
-        .map_err(|e| StateError::Internal(format!("encoding state: {e}")))?;
-    let mut writer = StreamWriter::try_new_with_options(&mut bytes, &table.schema(), options)
-        .map_err(|e| StateError::Internal(format!("encoding state: {e}")))?;
-    writer
-        .write(table)
-        .and_then(|()| writer.finish())
-        .map_err(|e| StateError::Internal(format!("encoding state: {e}")))?;
-    drop(writer);
-    Ok(bytes)
+    let mut file = Encoder::new(&table.schema())?;
+    file.write(table)?;
+    file.finish()
+}
+
+/// A state file written a table at a time, so that a snapshot of many
+/// windows is never one table in memory; it reads back as one table.
+pub struct Encoder {
+    writer: StreamWriter<Vec<u8>>,
+}
+
+impl Encoder {
+    /// A file of tables of `schema`.
+    pub fn new(schema: &arrow::datatypes::Schema) -> Result<Encoder, StateError> {
+        // LZ4 frames: a state file is written and fsynced before every commit,
+        // and its keys and windows repeat, so compressing it costs less than
+        // writing it.
+        let options = IpcWriteOptions::default()
+            .try_with_compression(Some(CompressionType::LZ4_FRAME))
+            .map_err(encoding)?;
+        let writer =
+            StreamWriter::try_new_with_options(Vec::new(), schema, options).map_err(encoding)?;
+        Ok(Encoder { writer })
+    }
+
+    /// Adds `table`'s rows.
+    pub fn write(&mut self, table: &RecordBatch) -> Result<(), StateError> {
+        self.writer.write(table).map_err(encoding)
+    }
+
+    /// The file's bytes.
+    pub fn finish(mut self) -> Result<Vec<u8>, StateError> {
+        self.writer.finish().map_err(encoding)?;
+        self.writer.into_inner().map_err(encoding)
+    }
+}
+
+fn encoding(e: arrow::error::ArrowError) -> StateError {
+    StateError::Internal(format!("encoding state: {e}"))
 }
 
 /// A state file's table, which must have the columns of `schema`.

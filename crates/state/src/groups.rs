@@ -718,18 +718,32 @@ impl Aggregation {
 
     /// The whole committed state, as a snapshot file's table.
     pub fn committed_snapshot(&self) -> Result<RecordBatch, StateError> {
-        let tables = self
-            .committed
-            .iter()
-            .map(|(key, block)| self.block_table(*key, block))
-            .collect::<Result<Vec<_>, _>>()?;
-        let table = arrow::compute::concat_batches(&self.state_schema, &tables)
-            .map_err(|e| internal("a state snapshot", e))?;
-        let mut columns: Vec<ArrayRef> =
-            vec![Arc::new(Int8Array::from(vec![OP_WRITE; table.num_rows()]))];
-        columns.extend(table.columns().iter().cloned());
-        RecordBatch::try_new(self.file_schema.clone(), columns)
+        let mut tables = Vec::with_capacity(self.committed.len());
+        self.for_each_snapshot_table(|table| {
+            tables.push(table);
+            Ok(())
+        })?;
+        arrow::compute::concat_batches(&self.file_schema, &tables)
             .map_err(|e| internal("a state snapshot", e))
+    }
+
+    /// Hands `each` the committed state as snapshot tables, a block at a time,
+    /// so that the whole state is never one more table in memory.
+    pub fn for_each_snapshot_table(
+        &self,
+        mut each: impl FnMut(RecordBatch) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        for (key, block) in &self.committed {
+            let table = self.block_table(*key, block)?;
+            let mut columns: Vec<ArrayRef> =
+                vec![Arc::new(Int8Array::from(vec![OP_WRITE; table.num_rows()]))];
+            columns.extend(table.columns().iter().cloned());
+            each(
+                RecordBatch::try_new(self.file_schema.clone(), columns)
+                    .map_err(|e| internal("a state snapshot", e))?,
+            )?;
+        }
+        Ok(())
     }
 
     /// Splits a state file's table (a delta or a snapshot) into `partitions`

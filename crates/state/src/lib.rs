@@ -24,7 +24,7 @@ mod time;
 
 pub use block::StateStats;
 pub use error::StateError;
-pub use file::{decode, encode};
+pub use file::{Encoder, decode, encode};
 pub use groups::{
     AggregateParts, Aggregation, Eviction, OutputMode, partition_of, window_bounds_ms,
 };

@@ -4,7 +4,7 @@
 use arrow::array::RecordBatch;
 use sluice_core::{StateFile, StateOperatorStats, StatefulOperator};
 
-use crate::{Aggregation, StateError, decode, encode};
+use crate::{Aggregation, Encoder, StateError, decode, encode};
 
 impl<E: From<StateError>> StatefulOperator<E> for Aggregation {
     fn name(&self) -> &str {
@@ -23,8 +23,21 @@ impl<E: From<StateError>> StatefulOperator<E> for Aggregation {
     }
 
     fn snapshot(&self) -> Result<Vec<Vec<u8>>, E> {
-        let table = self.committed_snapshot()?;
-        Ok(self.encode_by_partition(&table)?)
+        let schema = self.file_schema();
+        let mut files = (0..Aggregation::partitions(self))
+            .map(|_| Encoder::new(&schema))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.for_each_snapshot_table(|table| {
+            let parts = self.split_by_partition(&table, Aggregation::partitions(self))?;
+            for (file, part) in files.iter_mut().zip(&parts) {
+                file.write(part)?;
+            }
+            Ok(())
+        })?;
+        Ok(files
+            .into_iter()
+            .map(Encoder::finish)
+            .collect::<Result<_, _>>()?)
     }
 
     fn restore(&mut self, files: &[StateFile]) -> Result<(), E> {
