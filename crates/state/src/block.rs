@@ -90,7 +90,8 @@ pub(crate) struct Batch {
 /// What a finished batch leaves, until it is committed.
 pub(crate) struct Pending {
     pub(crate) change: Change,
-    pub(crate) delta: RecordBatch,
+    /// Each partition's delta file.
+    pub(crate) delta: Vec<Vec<u8>>,
     pub(crate) stats: StateStats,
 }
 

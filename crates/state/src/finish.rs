@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int8Array, RecordBatch, new_null_array};
+use arrow::array::{ArrayRef, RecordBatch, new_null_array};
 use arrow::datatypes::DataType;
 use arrow::row::{RowConverter, SortField};
 use datafusion::logical_expr::EmitTo;
@@ -18,8 +18,8 @@ use crate::block::{
 };
 use crate::chunks::Chunks;
 use crate::error::{execution, internal};
-use crate::groups::{OP_REMOVE, OP_WRITE};
-use crate::{Aggregation, Eviction, OutputMode, StateError, StateStats, window_bounds_ms};
+use crate::groups::{OP_REMOVE, OP_REMOVE_WINDOW, OP_WRITE};
+use crate::{Aggregation, Encoder, Eviction, OutputMode, StateError, StateStats, window_bounds_ms};
 
 /// A block the batch touched: its groups in the batch's order, their states
 /// merged with the committed ones, and the block's state columns after the
@@ -86,8 +86,9 @@ impl Aggregation {
                 self.finish_by_block(merged, dropped, watermark_ms)?
             };
         let output_bytes: usize = output.iter().map(|b| b.get_array_memory_size()).sum();
-        pending.stats.batch_memory_bytes =
-            bytes + (merged_bytes + pending.delta.get_array_memory_size() + output_bytes) as u64;
+        pending.stats.batch_memory_bytes = bytes
+            + (merged_bytes + pending.delta.iter().map(Vec::len).sum::<usize>() + output_bytes)
+                as u64;
         self.within_memory(pending.stats.batch_memory_bytes)?;
         pending.stats.memory_used_bytes = self.committed_bytes;
         self.stats = pending.stats;
@@ -250,21 +251,24 @@ impl Aggregation {
             }
         }
 
-        let mut written = Vec::new();
+        // Windows the watermark closed go as one row each, before the groups
+        // the batch wrote: a window of millions of groups costs its file a row,
+        // not a key per group.
+        let mut delta = self.delta_files()?;
+        let closed: Vec<BlockKey> = self
+            .committed
+            .keys()
+            .filter(|key| self.closes(key, watermark_ms))
+            .copied()
+            .collect();
+        self.write_closed_windows(&mut delta, &closed)?;
         for m in &merged {
             if !self.closes(&m.key, watermark_ms) {
-                written.push(self.touched_table(m, &self.changed(&m.touched))?);
+                let written = self.touched_table(m, &self.changed(&m.touched))?;
+                self.write_delta(&mut delta, OP_WRITE, &written)?;
             }
         }
-        let mut removed = Vec::new();
-        let mut closed = Vec::new();
-        for (key, block) in &self.committed {
-            if self.closes(key, watermark_ms) {
-                removed.push(self.key_columns(*key, block.keys.iter(), block.keys.len())?);
-                closed.push(*key);
-            }
-        }
-        let delta = self.delta(written, removed)?;
+        let delta = finish_files(delta)?;
         let stays = merged
             .into_iter()
             .filter(|m| !self.closes(&m.key, watermark_ms))
@@ -349,7 +353,8 @@ impl Aggregation {
             .filter(|(_, old)| updated[**old as usize])
             .map(|(new, _)| new as u32)
             .collect();
-        let mut removed = Vec::new();
+        let mut delta = self.delta_files()?;
+        self.write_delta(&mut delta, OP_WRITE, &take_rows(&kept, &changed)?)?;
         if let Some(block) = committed {
             let after = blocks.get(&ALL_GROUPS);
             let gone: Vec<&[u8]> = block
@@ -360,9 +365,10 @@ impl Aggregation {
                 })
                 .collect();
             let count = gone.len();
-            removed.push(self.key_columns(ALL_GROUPS, gone.into_iter(), count)?);
+            let keys = self.key_columns(ALL_GROUPS, gone.into_iter(), count)?;
+            self.write_delta(&mut delta, OP_REMOVE, &self.without_states(keys)?)?;
         }
-        let delta = self.delta(vec![take_rows(&kept, &changed)?], removed)?;
+        let delta = finish_files(delta)?;
         let stats = StateStats {
             rows_total: kept.num_rows() as u64,
             rows_updated: changed.len() as u64,
@@ -378,37 +384,67 @@ impl Aggregation {
         Ok((output, pending))
     }
 
-    /// Tables of the state's schema as one.
-    fn concat(&self, tables: &[RecordBatch]) -> Result<RecordBatch, StateError> {
-        arrow::compute::concat_batches(&self.state_schema, tables)
-            .map_err(|e| internal("the state's groups", e))
+    /// An encoder for each partition's delta file.
+    fn delta_files(&self) -> Result<Vec<Encoder>, StateError> {
+        (0..self.partitions())
+            .map(|_| Encoder::new(&self.file_schema))
+            .collect()
     }
 
-    /// A state file's table: the groups of the tables `written` written, and
-    /// the groups of the key columns in `removed` removed.
-    fn delta(
+    /// Writes `table`'s groups, a table of the state's schema, to the
+    /// partitions' files, each row as `op`.
+    fn write_delta(
         &self,
-        written: Vec<RecordBatch>,
-        removed: Vec<Vec<ArrayRef>>,
-    ) -> Result<RecordBatch, StateError> {
-        let keys = self.parts.group_exprs.len();
-        let writes: usize = written.iter().map(RecordBatch::num_rows).sum();
-        let mut parts = written;
-        for key_columns in removed {
-            let rows = key_columns.first().map_or(0, |c| c.len());
-            let states = self.state_schema.fields()[keys..]
-                .iter()
-                .map(|f| new_null_array(f.data_type(), rows))
-                .collect();
-            parts.push(self.state_table(key_columns, states)?);
+        files: &mut [Encoder],
+        op: i8,
+        table: &RecordBatch,
+    ) -> Result<(), StateError> {
+        if table.num_rows() == 0 {
+            return Ok(());
         }
-        let table = self.concat(&parts)?;
-        let mut ops = vec![OP_WRITE; writes];
-        ops.resize(table.num_rows(), OP_REMOVE);
-        let mut columns: Vec<ArrayRef> = vec![Arc::new(Int8Array::from(ops))];
-        columns.extend(table.columns().iter().cloned());
-        RecordBatch::try_new(self.file_schema.clone(), columns)
-            .map_err(|e| internal("a state delta", e))
+        let file = self.file_table(op, table)?;
+        let parts = self.split_by_partition(&file, self.partitions())?;
+        for (file, part) in files.iter_mut().zip(&parts) {
+            if part.num_rows() > 0 {
+                file.write(part)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the windows `closed` to every partition's file, a row each, as
+    /// every partition may hold groups of them.
+    fn write_closed_windows(
+        &self,
+        files: &mut [Encoder],
+        closed: &[BlockKey],
+    ) -> Result<(), StateError> {
+        let Layout::Windows(i) = self.layout else {
+            return Ok(());
+        };
+        if closed.is_empty() {
+            return Ok(());
+        }
+        let mut keys: Vec<ArrayRef> = self.state_schema.fields()[..self.parts.group_exprs.len()]
+            .iter()
+            .map(|f| new_null_array(f.data_type(), closed.len()))
+            .collect();
+        keys[i] = self.windows_column(closed)?;
+        let file = self.file_table(OP_REMOVE_WINDOW, &self.without_states(keys)?)?;
+        for file_of_partition in files.iter_mut() {
+            file_of_partition.write(&file)?;
+        }
+        Ok(())
+    }
+
+    /// A table of the state's schema of the groups `keys`, without states.
+    fn without_states(&self, keys: Vec<ArrayRef>) -> Result<RecordBatch, StateError> {
+        let rows = keys.first().map_or(0, |c| c.len());
+        let states = self.state_schema.fields()[keys.len()..]
+            .iter()
+            .map(|f| new_null_array(f.data_type(), rows))
+            .collect();
+        self.state_table(keys, states)
     }
 
     /// Makes a finished batch's change to the blocks.
@@ -565,4 +601,9 @@ fn after_batch(
         .collect();
     let appended: Vec<u32> = touched.new_groups().collect();
     block.states.after(&replaced, states, &appended)
+}
+
+/// The bytes of each partition's delta file.
+fn finish_files(files: Vec<Encoder>) -> Result<Vec<Vec<u8>>, StateError> {
+    files.into_iter().map(Encoder::finish).collect()
 }

@@ -18,10 +18,10 @@
 //! once it is durable, so that a batch begun again starts from the same state
 //! and gives the same output.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int8Array, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int8Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use arrow::row::{RowConverter, SortField};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
@@ -176,6 +176,9 @@ impl std::fmt::Debug for Aggregation {
 const OP_COLUMN: &str = "op";
 pub(crate) const OP_WRITE: i8 = 0;
 pub(crate) const OP_REMOVE: i8 = 1;
+/// Removes every group of the row's window, whose other keys and states are
+/// null. A file's window removals come before its other rows.
+pub(crate) const OP_REMOVE_WINDOW: i8 = 2;
 
 impl Aggregation {
     /// An aggregation over `parts`, emitting by `mode`; `session` is the window
@@ -577,6 +580,23 @@ impl Aggregation {
 
     /// A window key column of `rows` rows of the window `block`.
     fn window_column(&self, block: BlockKey, rows: usize) -> Result<ArrayRef, StateError> {
+        self.window_struct(
+            Int64Array::from_value(block.0, rows),
+            Int64Array::from_value(block.1, rows),
+        )
+    }
+
+    /// A window key column of the windows `blocks`, a row each.
+    pub(crate) fn windows_column(&self, blocks: &[BlockKey]) -> Result<ArrayRef, StateError> {
+        self.window_struct(
+            Int64Array::from_iter_values(blocks.iter().map(|b| b.0)),
+            Int64Array::from_iter_values(blocks.iter().map(|b| b.1)),
+        )
+    }
+
+    /// A window key column of windows from `starts` to `ends`, in epoch
+    /// milliseconds.
+    fn window_struct(&self, starts: Int64Array, ends: Int64Array) -> Result<ArrayRef, StateError> {
         let Layout::Windows(i) = self.layout else {
             return Err(internal("a window column", "the groups have no window"));
         };
@@ -587,10 +607,9 @@ impl Aggregation {
             ));
         };
         let time_type = fields[0].data_type();
-        let bound = |ms: i64| crate::from_epoch_millis(vec![Some(ms); rows].into(), time_type);
         let bounds = vec![
-            bound(block.0).map_err(execution)?,
-            bound(block.1).map_err(execution)?,
+            crate::from_epoch_millis(starts, time_type).map_err(execution)?,
+            crate::from_epoch_millis(ends, time_type).map_err(execution)?,
         ];
         Ok(Arc::new(
             arrow::array::StructArray::try_new(fields.clone(), bounds, None)
@@ -710,21 +729,10 @@ impl Aggregation {
             .map_err(|e| internal("the aggregate's rows", e))
     }
 
-    /// The finished batch's delta: the groups it wrote and removed. `None`
-    /// before a batch has finished.
-    pub fn pending_delta(&self) -> Option<&RecordBatch> {
-        self.pending.as_ref().map(|p| &p.delta)
-    }
-
-    /// The whole committed state, as a snapshot file's table.
-    pub fn committed_snapshot(&self) -> Result<RecordBatch, StateError> {
-        let mut tables = Vec::with_capacity(self.committed.len());
-        self.for_each_snapshot_table(|table| {
-            tables.push(table);
-            Ok(())
-        })?;
-        arrow::compute::concat_batches(&self.file_schema, &tables)
-            .map_err(|e| internal("a state snapshot", e))
+    /// The finished batch's delta files, one per partition: the groups it
+    /// wrote and removed. `None` before a batch has finished.
+    pub fn pending_delta(&self) -> Option<&[Vec<u8>]> {
+        self.pending.as_ref().map(|p| p.delta.as_slice())
     }
 
     /// Hands `each` the committed state as snapshot tables, a block at a time,
@@ -734,16 +742,23 @@ impl Aggregation {
         mut each: impl FnMut(RecordBatch) -> Result<(), StateError>,
     ) -> Result<(), StateError> {
         for (key, block) in &self.committed {
-            let table = self.block_table(*key, block)?;
-            let mut columns: Vec<ArrayRef> =
-                vec![Arc::new(Int8Array::from(vec![OP_WRITE; table.num_rows()]))];
-            columns.extend(table.columns().iter().cloned());
-            each(
-                RecordBatch::try_new(self.file_schema.clone(), columns)
-                    .map_err(|e| internal("a state snapshot", e))?,
-            )?;
+            each(self.file_table(OP_WRITE, &self.block_table(*key, block)?)?)?;
         }
         Ok(())
+    }
+
+    /// `table`, of the state's schema, as a state file's table whose rows
+    /// are all `op`.
+    pub(crate) fn file_table(
+        &self,
+        op: i8,
+        table: &RecordBatch,
+    ) -> Result<RecordBatch, StateError> {
+        let mut columns: Vec<ArrayRef> =
+            vec![Arc::new(Int8Array::from(vec![op; table.num_rows()]))];
+        columns.extend(table.columns().iter().cloned());
+        RecordBatch::try_new(self.file_schema.clone(), columns)
+            .map_err(|e| internal("a state file's table", e))
     }
 
     /// Splits a state file's table (a delta or a snapshot) into `partitions`
@@ -788,17 +803,51 @@ impl Aggregation {
     pub fn restore(&mut self, files: &[RecordBatch]) -> Result<(), StateError> {
         let keys = self.parts.group_exprs.len();
         let mut latest: HashMap<Box<[u8]>, (usize, usize)> = HashMap::new();
+        // Each file's windows, when the groups are kept by window, to find the
+        // groups of a window a later file removes.
+        let windows = match self.layout {
+            Layout::Windows(i) => files
+                .iter()
+                .map(|f| {
+                    let window = f.column(1 + i).as_ref();
+                    Ok((window_bounds_ms(window, 0)?, window_bounds_ms(window, 1)?))
+                })
+                .collect::<Result<Vec<_>, StateError>>()?,
+            Layout::One => Vec::new(),
+        };
         for (f, file) in files.iter().enumerate() {
             let rows = self
                 .converter
                 .convert_columns(&file.columns()[1..=keys])
                 .map_err(|e| internal("state keys", e))?;
             let ops = file.column(0).as_primitive::<arrow::datatypes::Int8Type>();
+            let window = |f: usize, r: usize| {
+                windows
+                    .get(f)
+                    .map(|(starts, ends)| (starts.value(r), ends.value(r)))
+            };
+            let closed: HashSet<BlockKey> = (0..file.num_rows())
+                .filter(|&r| ops.value(r) == OP_REMOVE_WINDOW)
+                .filter_map(|r| window(f, r))
+                .collect();
+            if !closed.is_empty() {
+                latest.retain(|_, (f, r)| window(*f, *r).is_none_or(|w| !closed.contains(&w)));
+            }
             for (r, row) in rows.iter().enumerate() {
-                if ops.value(r) == OP_REMOVE {
-                    latest.remove(row.as_ref());
-                } else {
-                    latest.insert(row.as_ref().into(), (f, r));
+                match ops.value(r) {
+                    OP_WRITE => {
+                        latest.insert(row.as_ref().into(), (f, r));
+                    }
+                    OP_REMOVE => {
+                        latest.remove(row.as_ref());
+                    }
+                    OP_REMOVE_WINDOW => {}
+                    op => {
+                        return Err(internal(
+                            "restoring the state",
+                            format!("a state file's row {r} has the unknown op {op}"),
+                        ));
+                    }
                 }
             }
         }

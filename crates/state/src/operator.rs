@@ -1,10 +1,13 @@
 //! An aggregation as the executor's checkpoint sees it: a stateful operator
 //! whose versions are Arrow IPC files, one per state partition.
 
-use arrow::array::RecordBatch;
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::Int8Type;
 use sluice_core::{StateFile, StateOperatorStats, StatefulOperator};
 
-use crate::{Aggregation, Encoder, StateError, decode, encode};
+use crate::groups::{OP_REMOVE, OP_REMOVE_WINDOW, OP_WRITE};
+
+use crate::{Aggregation, Encoder, StateError, decode};
 
 impl<E: From<StateError>> StatefulOperator<E> for Aggregation {
     fn name(&self) -> &str {
@@ -16,10 +19,7 @@ impl<E: From<StateError>> StatefulOperator<E> for Aggregation {
     }
 
     fn delta(&self) -> Result<Vec<Vec<u8>>, E> {
-        match self.pending_delta() {
-            Some(delta) => Ok(self.encode_by_partition(delta)?),
-            None => Ok(Vec::new()),
-        }
+        Ok(self.pending_delta().map(<[_]>::to_vec).unwrap_or_default())
     }
 
     fn snapshot(&self) -> Result<Vec<Vec<u8>>, E> {
@@ -48,7 +48,14 @@ impl<E: From<StateError>> StatefulOperator<E> for Aggregation {
         let schema = self.file_schema();
         let tables = files
             .iter()
-            .map(|f| decode(&f.bytes, &schema, &f.location))
+            .map(|f| {
+                let table = decode(&f.bytes, &schema, &f.location)?;
+                known_ops(&table).map_err(|reason| StateError::Damaged {
+                    location: f.location.clone(),
+                    reason,
+                })?;
+                Ok::<_, StateError>(table)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Aggregation::restore(self, &tables)?)
     }
@@ -75,14 +82,44 @@ impl<E: From<StateError>> StatefulOperator<E> for Aggregation {
     }
 }
 
-impl Aggregation {
-    /// A state file's table as one encoded file per partition; a partition
-    /// that the table has no row of gets a file without rows, so that every
-    /// partition has every version.
-    fn encode_by_partition(&self, table: &RecordBatch) -> Result<Vec<Vec<u8>>, StateError> {
-        self.split_by_partition(table, Aggregation::partitions(self))?
-            .iter()
-            .map(encode)
-            .collect()
+/// Whether every row of a state file's table has an `op` this version writes.
+fn known_ops(table: &RecordBatch) -> Result<(), String> {
+    let ops = table
+        .column(0)
+        .as_primitive_opt::<Int8Type>()
+        .ok_or("its first column is not the int8 op")?;
+    match ops
+        .iter()
+        .enumerate()
+        .find(|(_, op)| !matches!(op, Some(OP_WRITE | OP_REMOVE | OP_REMOVE_WINDOW)))
+    {
+        Some((row, op)) => Err(format!(
+            "damaged or written by a newer Sluice: row {row} has the op {}, and this version \
+             knows 0, 1 and 2",
+            op.map_or("null".to_owned(), |op| op.to_string())
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int8Array, RecordBatch};
+
+    use super::known_ops;
+
+    fn ops(values: Vec<Option<i8>>) -> RecordBatch {
+        RecordBatch::try_from_iter([("op", Arc::new(Int8Array::from(values)) as _)]).unwrap()
+    }
+
+    #[test]
+    fn a_file_with_an_op_this_version_does_not_write_is_damaged() {
+        assert_eq!(known_ops(&ops(vec![Some(0), Some(2), Some(1)])), Ok(()));
+        let unknown = known_ops(&ops(vec![Some(0), Some(3)])).unwrap_err();
+        assert!(unknown.contains("row 1 has the op 3"), "{unknown}");
+        let null = known_ops(&ops(vec![None])).unwrap_err();
+        assert!(null.contains("row 0 has the op null"), "{null}");
     }
 }
