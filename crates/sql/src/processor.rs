@@ -761,6 +761,34 @@ mod stateful_tests {
         }
     }
 
+    /// A window of more groups than a chunk of state holds (64 Ki) is
+    /// snapshotted and emitted chunk by chunk, each group once.
+    #[tokio::test]
+    async fn a_window_of_many_chunks_is_snapshotted_and_emitted_whole() {
+        let users: Vec<String> = (0..150_000).map(|u| format!("u{u}")).collect();
+        let rows: Vec<(&str, i64, i64)> = users.iter().map(|u| (u.as_str(), 2, 1)).collect();
+        let mut p = processor(SQL, None).await;
+        run(&mut p, 0, &rows).await;
+        let snapshot = p.state_snapshots(BatchId(0)).unwrap();
+        let mut restored = processor(SQL, None).await;
+        restored.restore_watermark(p.watermark_ms());
+        restored.restore_state(&snapshot).unwrap();
+        for p in [&mut p, &mut restored] {
+            let (out, _) = run(p, 1, &[("late", 1, 30)]).await;
+            assert_eq!(p.watermark_ms(), 1_767_225_600_000 + 25_000);
+            let (out_closed, _) = run(p, 2, &[]).await;
+            assert!(out.is_empty(), "{}", out.len());
+            assert_eq!(out_closed.len(), users.len());
+            assert!(out_closed.iter().all(|row| row.ends_with(" 1 2")));
+            let mut seen: Vec<&str> = out_closed
+                .iter()
+                .map(|row| row.split(' ').nth(2).unwrap())
+                .collect();
+            seen.dedup();
+            assert_eq!(seen.len(), users.len(), "each group once");
+        }
+    }
+
     #[tokio::test]
     async fn sliding_windows_count_a_row_in_each_window_it_falls_in() {
         let sql = "SELECT window.start AS s, count(*) AS n FROM source \

@@ -38,6 +38,7 @@ impl Chunks {
     }
 
     /// Each column whole.
+    #[cfg(test)]
     pub(crate) fn columns(&self) -> Result<Vec<ArrayRef>, StateError> {
         let width = self.chunks.first().map_or(0, Vec::len);
         (0..width)
@@ -49,6 +50,14 @@ impl Chunks {
                 arrow::compute::concat(&parts).map_err(|e| internal("the state's columns", e))
             })
             .collect()
+    }
+
+    /// Each chunk's rows and columns, in order.
+    pub(crate) fn parts(&self) -> impl Iterator<Item = (usize, &[ArrayRef])> {
+        self.lens
+            .iter()
+            .copied()
+            .zip(self.chunks.iter().map(Vec::as_slice))
     }
 
     /// Where row `row` is: its chunk and its row in that chunk.

@@ -151,27 +151,40 @@ impl Aggregation {
         }
     }
 
-    /// The block `key` after the batch, as a table of the state's schema.
+    /// Hands `each` the block `key` after the batch as tables of the state's
+    /// schema, a chunk of its states at a time.
+    fn for_each_table_after(
+        &self,
+        key: BlockKey,
+        merged: Option<&Merged>,
+        each: impl FnMut(RecordBatch) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        let committed = self.committed.get(&key);
+        let Some(merged) = merged else {
+            let block = committed.ok_or_else(|| internal("the state", "a block of no groups"))?;
+            return self.for_each_table(key, block.keys.iter(), &block.states, each);
+        };
+        let touched = &merged.touched;
+        let keys = committed
+            .into_iter()
+            .flat_map(|b| b.keys.iter())
+            .chain(touched.new_groups().map(|l| touched.keys.key(l)));
+        self.for_each_table(key, keys, &merged.after, each)
+    }
+
+    /// The block `key` after the batch, as one table of the state's schema.
     fn table_after(
         &self,
         key: BlockKey,
         merged: Option<&Merged>,
     ) -> Result<RecordBatch, StateError> {
-        let committed = self.committed.get(&key);
-        let Some(merged) = merged else {
-            let block = committed.ok_or_else(|| internal("the state", "a block of no groups"))?;
-            let keys = self.key_columns(key, block.keys.iter(), block.keys.len())?;
-            return self.state_table(keys, block.states.columns()?);
-        };
-        let touched = &merged.touched;
-        let held = committed.map_or(0, |b| b.keys.len());
-        let new = touched.new_groups().count();
-        let keys = committed
-            .into_iter()
-            .flat_map(|b| b.keys.iter())
-            .chain(touched.new_groups().map(|l| touched.keys.key(l)));
-        let keys = self.key_columns(key, keys, held + new)?;
-        self.state_table(keys, merged.after.columns()?)
+        let mut tables = Vec::new();
+        self.for_each_table_after(key, merged, |table| {
+            tables.push(table);
+            Ok(())
+        })?;
+        arrow::compute::concat_batches(&self.state_schema, &tables)
+            .map_err(|e| internal("the state's groups", e))
     }
 
     /// The rows `groups` of a touched block, with their merged states.
@@ -229,15 +242,17 @@ impl Aggregation {
             .chain(by_key.keys())
             .copied()
             .collect();
-        // Evaluated window by window, so that no table of every emitted
-        // group's states is made beside their output.
+        // Evaluated window by window and chunk by chunk, so that no table of
+        // every emitted group's states is made beside their output.
         let mut output = Vec::new();
         match self.mode {
             OutputMode::Append | OutputMode::Complete => {
                 for key in &every {
                     if self.mode == OutputMode::Complete || self.closes(key, watermark_ms) {
-                        let table = self.table_after(*key, by_key.get(key).copied())?;
-                        output.push(self.evaluate(&table)?);
+                        self.for_each_table_after(*key, by_key.get(key).copied(), |table| {
+                            output.push(self.evaluate(&table)?);
+                            Ok(())
+                        })?;
                     }
                 }
             }

@@ -628,10 +628,21 @@ impl Aggregation {
             .map_err(|e| internal("the state table", e))
     }
 
-    /// The committed block `key` as a table of the state's schema.
-    fn block_table(&self, key: BlockKey, block: &Block) -> Result<RecordBatch, StateError> {
-        let keys = self.key_columns(key, block.keys.iter(), block.keys.len())?;
-        self.state_table(keys, block.states.columns()?)
+    /// Hands `each` the groups of the block `key` as tables of the state's
+    /// schema, a chunk of `states` at a time, so that a window of millions of
+    /// groups is never one table; `keys` are its groups' keys in order.
+    pub(crate) fn for_each_table<'a>(
+        &self,
+        key: BlockKey,
+        mut keys: impl Iterator<Item = &'a [u8]>,
+        states: &Chunks,
+        mut each: impl FnMut(RecordBatch) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        for (rows, columns) in states.parts() {
+            let keys = self.key_columns(key, keys.by_ref().take(rows), rows)?;
+            each(self.state_table(keys, columns.to_vec())?)?;
+        }
+        Ok(())
     }
 
     /// The blocks holding the groups of `table`, a table of the state's
@@ -742,7 +753,9 @@ impl Aggregation {
         mut each: impl FnMut(RecordBatch) -> Result<(), StateError>,
     ) -> Result<(), StateError> {
         for (key, block) in &self.committed {
-            each(self.file_table(OP_WRITE, &self.block_table(*key, block)?)?)?;
+            self.for_each_table(*key, block.keys.iter(), &block.states, |table| {
+                each(self.file_table(OP_WRITE, &table)?)
+            })?;
         }
         Ok(())
     }
