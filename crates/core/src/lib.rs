@@ -50,7 +50,9 @@ pub use group::{
 pub use json::{
     OffsetJsonError, offsets_from_json, offsets_to_json, values_from_json, values_to_json,
 };
-pub use memory::{ASSUMED_BYTES_PER_RECORD, BatchSizing, MIN_RECORDS, MemoryBudget, PLANNED_SHARE};
+pub use memory::{
+    ASSUMED_BYTES_PER_RECORD, BATCH_SHARE, BatchSizing, MIN_RECORDS, MemoryBudget, PLANNED_SHARE,
+};
 pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
 pub use planning::Reach;
 pub use processor::{
