@@ -11,6 +11,7 @@
 // of 128 that the compiler follows while it lays the future out.
 #![recursion_limit = "256"]
 
+mod code_pages;
 mod dead;
 mod exit;
 mod failpoint;
@@ -560,7 +561,11 @@ where
         }
         (None, _) => None,
     };
+    let mut first_batch = true;
     let on_progress = |progress: &QueryProgress| {
+        if std::mem::take(&mut first_batch) {
+            code_pages::release_startup_code();
+        }
         // One short line for people; the whole report where machines read logs.
         match LOG_FORMAT.get().copied().unwrap_or(LogFormat::Text) {
             LogFormat::Text => tracing::info!("{}", progress.summary()),
