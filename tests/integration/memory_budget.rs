@@ -104,7 +104,7 @@ async fn a_group_per_event_is_planned_to_a_small_budget_and_every_window_comes_o
         .collect();
     produce_all(&topic, &records).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), &topic, 8, "10 seconds");
+    let config = config(dir.path(), &topic, 16, "10 seconds");
     let output = run(&["run", "--config", config.to_str().unwrap()]);
     assert!(output.status.success(), "{}", stderr(&output));
 
@@ -114,12 +114,12 @@ async fn a_group_per_event_is_planned_to_a_small_budget_and_every_window_comes_o
         .filter(|p| p["numInputRows"].as_u64() > Some(0))
         .collect();
     let first = &with_data[0]["memory"];
-    assert_eq!(first["budgetBytes"], 8 << 20, "{first}");
+    assert_eq!(first["budgetBytes"], 16 << 20, "{first}");
     assert_eq!(first["measured"], false, "{first}");
     assert_eq!(first["limitedBy"], "memory", "{first}");
     assert_eq!(
         first["maxRecords"], 1024,
-        "1 KiB a record in an eighth of the budget: {first}"
+        "1 KiB a record in a sixteenth of the budget: {first}"
     );
     for p in &with_data {
         let memory = &p["memory"];

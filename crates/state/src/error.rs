@@ -29,7 +29,7 @@ pub enum StateError {
     /// The state and the batch's own groups passed the memory budget.
     #[error(
         "the aggregation's state and the batch's groups hold {} MiB, more than query.state_memory_mb \
-         = {}: batches are planned to an eighth of it from what the batches before measured, and this \
+         = {}: batches are planned to a sixteenth of it from what the batches before measured, and this \
          one (or the state alone) grew past all of it; raise state_memory_mb if the machine has \
          the memory, or lower max_offsets_per_trigger, or close windows sooner (a shorter window \
          or watermark delay)",

@@ -29,8 +29,8 @@ pub struct QuerySection {
     pub state_memory_mb: Option<u64>,
 }
 
-/// `[query] state_memory_mb` when it is not set: a batch is planned to an
-/// eighth of it, so that a query at its defaults stays within a small machine.
+/// `[query] state_memory_mb` when it is not set: a batch is planned to a
+/// sixteenth of it, so that a query at its defaults stays within a small machine.
 pub const DEFAULT_STATE_MEMORY_MB: u64 = 256;
 
 /// The largest `state_memory_mb` taken: 1 TiB.
