@@ -48,11 +48,17 @@ pub fn release_startup_code() {}
 fn executable_ranges(maps: &str, path: &str) -> Vec<(usize, usize)> {
     maps.lines()
         .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let range = fields.next()?;
-            let perms = fields.next()?;
-            let file = fields.nth(3)?;
-            if perms != "r-xp" || file != path {
+            // Five fields, then the path, which may hold spaces.
+            let mut rest = line;
+            let mut fields = [""; 5];
+            for field in &mut fields {
+                rest = rest.trim_start();
+                let end = rest.find(' ').unwrap_or(rest.len());
+                *field = &rest[..end];
+                rest = &rest[end..];
+            }
+            let [range, perms, ..] = fields;
+            if perms != "r-xp" || rest.trim() != path {
                 return None;
             }
             let (start, end) = range.split_once('-')?;
@@ -77,12 +83,17 @@ mod tests {
 7f00d9564000-7f00d96ba000 r-xp 00026000 fe:00 326269                     /usr/lib/x86_64-linux-gnu/libc.so.6
 7f00d9600000-7f00d9700000 rwxp 00000000 00:00 0
 7fffb23b9000-7fffb23da000 rw-p 00000000 00:00 0                          [stack]
+7f10c1000000-7f10c2000000 r-xp 00010000 fe:00 1234                       /opt/my builds/sluice
 ";
         assert_eq!(
             executable_ranges(maps, "/opt/sluice"),
             [(0x55a0_c100_0000, 0x55a0_c700_0000)]
         );
         assert!(executable_ranges(maps, "/opt/other").is_empty());
+        assert_eq!(
+            executable_ranges(maps, "/opt/my builds/sluice"),
+            [(0x7f10_c100_0000, 0x7f10_c200_0000)]
+        );
     }
 
     /// This test binary's own code is found and let go of, and it runs on.
