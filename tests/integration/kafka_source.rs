@@ -11,8 +11,8 @@ use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use sluice_core::Source as _;
 use sluice_core::{
     DataLoss, DataLossDecision, MissingCommitted, Offset, OffsetRange, PartitionOffsets,
-    SpecificOffset, StartingOffsets, TimestampFallback, TopicPartition, apply_data_loss_policy,
-    classify_batch,
+    ReadAmplification, SpecificOffset, StartingOffsets, TimestampFallback, TopicPartition,
+    apply_data_loss_policy, classify_batch,
 };
 use sluice_kafka::{KafkaError, KafkaSource, KafkaSourceConfig, TopicSelection};
 use sluice_tests::kafka::{
@@ -697,6 +697,89 @@ async fn a_full_read_ahead_keeps_what_a_fetch_brought_instead_of_fetching_it_aga
         (total..=total * 5 / 4).contains(&fetched),
         "librdkafka fetched {fetched} messages for {total} records"
     );
+    delete_topic(&topic).await;
+}
+
+/// Reads `topic`'s 4 partitions of `per_partition` records, 40 of each per
+/// batch, with a read-ahead of 64 KiB (16 KiB a partition) and `read_memory`
+/// bytes in all; returns the read amplification once librdkafka's statistics
+/// counted every record.
+async fn read_slowly(topic: &str, per_partition: i64, read_memory: usize) -> ReadAmplification {
+    let mut config = subscribe(topic);
+    config.read_ahead_bytes = 64 * 1024;
+    config.read_memory_bytes = read_memory;
+    config
+        .client_options
+        .insert("statistics.interval.ms".to_owned(), "100".to_owned());
+    let mut source = source(config);
+    let mut at = 0;
+    let mut read_bytes = 0;
+    while at < per_partition {
+        let until = (at + 40).min(per_partition);
+        let ranges: Vec<_> = (0..4).map(|i| range(topic, i, at, until)).collect();
+        let batch = source.read_batch(&ranges).await.unwrap();
+        for (p, values) in read_values(&batch).iter().enumerate() {
+            let expected: Vec<i64> = (at..until).collect();
+            let offsets: Vec<i64> = values.iter().map(|(o, _)| *o).collect();
+            assert_eq!(offsets, expected, "partition {p} over {ranges:?}");
+            read_bytes += values.iter().map(|(_, v)| v.len() as u64 + 6).sum::<u64>();
+        }
+        at = until;
+    }
+    // librdkafka's statistics come every 100 ms.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let figures = source.read_amplification();
+        if let Some(f) = figures.filter(|f| f.read_bytes >= read_bytes) {
+            return f;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no statistics counted {read_bytes} bytes read: {:?}",
+            source.read_amplification()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn record_batches_larger_than_a_share_are_kept_within_the_read_memory() {
+    let topic = sluice_tests::unique_name("bigbatches");
+    create_topic(&topic, 4).await;
+    // librdkafka's producer defaults (batch.size 1,000,000) with a linger that
+    // lets each partition's records make one record batch of about 230 KiB, far
+    // over the 16 KiB share each partition has of the read-ahead.
+    let p: FutureProducer = client_config()
+        .set("acks", "all")
+        .set("batch.size", "1000000")
+        .set("linger.ms", "500")
+        .create()
+        .expect("a producer for the test broker");
+    let per_partition = 2000_i64;
+    let records: Vec<Out> = (0..4)
+        .flat_map(|partition| {
+            (0..per_partition)
+                .map(move |i| Out::new(partition, format!("k{i:0>5}"), format!("{i:0>110}")))
+        })
+        .collect();
+    produce(&p, &topic, &records).await;
+
+    // Without memory beyond the read-ahead, each record batch is fetched again
+    // for every few batches' records.
+    let tight = read_slowly(&topic, per_partition, 64 * 1024).await;
+    assert!(
+        tight.total() > 3.0,
+        "with only the read-ahead, records were fetched again: {tight:?}"
+    );
+    // With room for the rest of each record batch, each record is fetched once,
+    // but for what the fetch in flight when a partition pauses brings, which the
+    // pause drops (6.4 times and 1.5 times on the test broker).
+    let roomy = read_slowly(&topic, per_partition, 8 * 1024 * 1024).await;
+    assert!(
+        roomy.total() < 1.6,
+        "with read memory for whole record batches, each record was fetched once: {roomy:?}"
+    );
+    assert_eq!(roomy.read_bytes, tight.read_bytes, "{roomy:?} {tight:?}");
     delete_topic(&topic).await;
 }
 

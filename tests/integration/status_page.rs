@@ -210,6 +210,20 @@ async fn the_status_page_renders_the_running_query_and_agrees_with_the_progress_
     );
     assert_eq!(text_of(&dom, "charted"), reports.len().to_string());
     assert_eq!(text_of(&dom, "trigger"), "processing_time = 200ms");
+    // The read amplification as the last report gives it, once librdkafka's
+    // first statistics (a second in) came.
+    let metrics = &last["sources"][0]["metrics"];
+    let shown = text_of(&dom, "last-amplification");
+    match metrics["readAmplification"].as_str() {
+        Some(recent) => assert!(
+            shown.starts_with(&format!(
+                "{recent}× (since the start {}×",
+                metrics["readAmplificationTotal"].as_str().unwrap()
+            )),
+            "{shown} for {metrics}"
+        ),
+        None => assert_eq!(shown, "–", "{metrics}"),
+    }
 
     // Every chart drew every report, on a canvas of uPlot's.
     for chart in [

@@ -66,7 +66,7 @@ pub use recovery::{
     purge_interval, purge_threshold,
 };
 pub use sink::{Sink, Writes};
-pub use source::{BatchReader, PartitionRecords, ReadBatch, Source, read_all};
+pub use source::{BatchReader, PartitionRecords, ReadAmplification, ReadBatch, Source, read_all};
 pub use starting::{
     MissingCommitted, SpecificOffset, StartingOffsets, StartingOffsetsError, StartingOptions,
     TimestampFallback, parse_starting_offsets,

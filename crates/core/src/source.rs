@@ -72,6 +72,44 @@ pub async fn read_all<R: BatchReader>(
     Ok(Ok(batch))
 }
 
+/// Bytes of records a source fetched against the bytes of records it read
+/// (keys and values both times), so that records fetched again, because what was
+/// fetched could not be kept until a batch wanted it, show as a ratio over 1.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadAmplification {
+    /// Fetched since the source started.
+    pub fetched_bytes: u64,
+    /// Read since the source started.
+    pub read_bytes: u64,
+    /// Fetched over the source's latest measurement interval.
+    pub recent_fetched_bytes: u64,
+    /// Read over the same interval.
+    pub recent_read_bytes: u64,
+    /// The partitions that fetched the most per byte read since the source
+    /// started, with that ratio, worst first; at most a few.
+    pub worst_partitions: Vec<(TopicPartition, f64)>,
+}
+
+impl ReadAmplification {
+    /// Fetched over read since the source started; 1 before anything was read.
+    pub fn total(&self) -> f64 {
+        ratio(self.fetched_bytes, self.read_bytes)
+    }
+
+    /// Fetched over read over the latest interval; 1 when nothing was read.
+    pub fn recent(&self) -> f64 {
+        ratio(self.recent_fetched_bytes, self.recent_read_bytes)
+    }
+}
+
+fn ratio(fetched: u64, read: u64) -> f64 {
+    if read == 0 {
+        1.0
+    } else {
+        fetched as f64 / read as f64
+    }
+}
+
 /// A partitioned log that batches are planned over and read from: Kafka.
 pub trait Source: Send {
     /// What can go wrong, naming the partitions concerned.
@@ -107,6 +145,13 @@ pub trait Source: Send {
     fn is_transient(error: &Self::Error) -> bool {
         let _ = error;
         false
+    }
+
+    /// How much the source fetched beside what it read, when it knows: a log
+    /// that hands out whole blocks of records may fetch a block again for each
+    /// part of it a batch takes. The default knows nothing.
+    fn read_amplification(&self) -> Option<ReadAmplification> {
+        None
     }
 
     /// Records processed offsets where lag monitors look for them (a consumer

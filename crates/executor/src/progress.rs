@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::Value;
-use sluice_core::{DataLoss, EventTimeStats, PartitionOffsets};
+use sluice_core::{DataLoss, EventTimeStats, PartitionOffsets, ReadAmplification};
 
 /// One batch's progress, serialised as Spark serialises its progress events.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -265,13 +265,15 @@ pub(crate) fn offsets_value(offsets: &PartitionOffsets) -> Value {
     Value::Object(topics)
 }
 
-/// Spark's Kafka lag metrics, plus the offsets lost to tolerated data loss and
-/// the records that could not be processed.
+/// Spark's Kafka lag metrics, plus the offsets lost to tolerated data loss, the
+/// records that could not be processed, and the read amplification when the
+/// source measures it.
 pub(crate) fn source_metrics(
     end: &PartitionOffsets,
     latest: &PartitionOffsets,
     losses: &[DataLoss],
     bad_records: u64,
+    amplification: Option<&ReadAmplification>,
 ) -> BTreeMap<String, String> {
     let behind: Vec<u64> = end
         .iter()
@@ -294,6 +296,25 @@ pub(crate) fn source_metrics(
         );
     }
     metrics.insert("badRecords".to_owned(), bad_records.to_string());
+    if let Some(a) = amplification {
+        metrics.insert("readAmplification".to_owned(), format!("{:.2}", a.recent()));
+        metrics.insert(
+            "readAmplificationTotal".to_owned(),
+            format!("{:.2}", a.total()),
+        );
+        metrics.insert("fetchedBytes".to_owned(), a.fetched_bytes.to_string());
+        metrics.insert("readBytes".to_owned(), a.read_bytes.to_string());
+        if !a.worst_partitions.is_empty() {
+            metrics.insert(
+                "readAmplificationWorst".to_owned(),
+                a.worst_partitions
+                    .iter()
+                    .map(|(tp, ratio)| format!("{tp}:{ratio:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+    }
     let lost: u64 = losses.iter().map(DataLoss::lost_offsets).sum();
     metrics.insert("dataLossOffsets".to_owned(), lost.to_string());
     if !losses.is_empty() {
@@ -348,6 +369,16 @@ impl QueryProgress {
             if count > 0 {
                 line.push_str(&format!(", {} {what}", thousands(count)));
             }
+        }
+        // Worth a word only when records are fetched again and again.
+        if let Some(ratio) = self
+            .sources
+            .iter()
+            .filter_map(|s| s.metrics.get("readAmplification")?.parse::<f64>().ok())
+            .reduce(f64::max)
+            .filter(|r| *r >= 1.5)
+        {
+            line.push_str(&format!(", fetched {ratio:.1}x what it read"));
         }
         for operator in &self.state_operators {
             line.push_str(&format!(
@@ -571,6 +602,45 @@ mod tests {
             ),
             "{}",
             odd.summary()
+        );
+    }
+
+    #[test]
+    fn the_read_amplification_goes_into_the_metrics_and_into_the_line_when_high() {
+        let amplification = ReadAmplification {
+            fetched_bytes: 3_000,
+            read_bytes: 1_000,
+            recent_fetched_bytes: 230,
+            recent_read_bytes: 100,
+            worst_partitions: vec![
+                (TopicPartition::new("t", 3), 4.5),
+                (TopicPartition::new("t", 1), 2.25),
+            ],
+        };
+        let end = PartitionOffsets::new();
+        let metrics = source_metrics(&end, &end, &[], 0, Some(&amplification));
+        assert_eq!(metrics["readAmplification"], "2.30");
+        assert_eq!(metrics["readAmplificationTotal"], "3.00");
+        assert_eq!(metrics["fetchedBytes"], "3000");
+        assert_eq!(metrics["readBytes"], "1000");
+        assert_eq!(metrics["readAmplificationWorst"], "t-3:4.50,t-1:2.25");
+        assert!(!source_metrics(&end, &end, &[], 0, None).contains_key("readAmplification"));
+
+        let mut high = report();
+        high.sources[0].metrics.extend(metrics);
+        assert!(
+            high.summary()
+                .ends_with("commit 1.1 ms, fetched 2.3x what it read"),
+            "{}",
+            high.summary()
+        );
+        high.sources[0]
+            .metrics
+            .insert("readAmplification".to_owned(), "1.10".to_owned());
+        assert!(
+            high.summary().ends_with("commit 1.1 ms"),
+            "{}",
+            high.summary()
         );
     }
 

@@ -1044,7 +1044,13 @@ where
                 num_input_rows: rows,
                 input_rows_per_second: input_rate,
                 processed_rows_per_second: processed_rate,
-                metrics: source_metrics(end, &planned.latest, &planned.losses, bad_records),
+                metrics: source_metrics(
+                    end,
+                    &planned.latest,
+                    &planned.losses,
+                    bad_records,
+                    self.source.read_amplification().as_ref(),
+                ),
             }],
             sink: SinkProgress {
                 description: self.options.sink_description.clone(),

@@ -49,6 +49,11 @@ pub struct KafkaSourceConfig {
     /// all partitions (default [`DEFAULT_READ_AHEAD_BYTES`]). Each partition gets
     /// an equal share, at most 2 MiB, and at least one record.
     pub read_ahead_bytes: usize,
+    /// How many bytes of records the reader may hold in all (default
+    /// [`DEFAULT_READ_MEMORY_BYTES`]): the read-ahead, and beyond a partition's
+    /// share the rest of a record batch that a fetch brought whole, which is
+    /// otherwise dropped and fetched again. At least `read_ahead_bytes`.
+    pub read_memory_bytes: usize,
 }
 
 impl std::fmt::Debug for KafkaSourceConfig {
@@ -64,6 +69,7 @@ impl std::fmt::Debug for KafkaSourceConfig {
             .field("include_headers", &self.include_headers)
             .field("commit_progress", &self.commit_progress)
             .field("read_ahead_bytes", &self.read_ahead_bytes)
+            .field("read_memory_bytes", &self.read_memory_bytes)
             .finish()
     }
 }
@@ -113,6 +119,9 @@ impl std::fmt::Debug for Redacted<'_> {
 /// at 100-101 MiB and 16 MiB at 79-90, both as fast (docs/benchmarks.md).
 pub const DEFAULT_READ_AHEAD_BYTES: usize = 16 * 1024 * 1024;
 
+/// The default of [`KafkaSourceConfig::read_memory_bytes`].
+pub const DEFAULT_READ_MEMORY_BYTES: usize = 64 * 1024 * 1024;
+
 /// The default of librdkafka's `fetch.max.bytes` for a read-ahead of
 /// `read_ahead_bytes`: an eighth of it, 1 to 8 MiB (2 MiB by default).
 ///
@@ -158,6 +167,7 @@ impl KafkaSourceConfig {
             include_headers: false,
             commit_progress: false,
             read_ahead_bytes: DEFAULT_READ_AHEAD_BYTES,
+            read_memory_bytes: DEFAULT_READ_MEMORY_BYTES,
         }
     }
 

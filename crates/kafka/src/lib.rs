@@ -19,20 +19,21 @@ mod sink;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::ConsumerContext;
 use sluice_core::{
     BatchReader, DataLoss, MissingCommitted, OffsetBounds, OffsetRange, PartitionOffsets,
-    RecordChunk, Source, SpecificOffset, StartingOffsets, TimestampFallback, TopicPartition,
+    ReadAmplification, RecordChunk, Source, SpecificOffset, StartingOffsets, TimestampFallback,
+    TopicPartition,
 };
 
 use client::{Client, Position};
 pub use config::{
-    DEFAULT_READ_AHEAD_BYTES, KafkaSourceConfig, TopicSelection, default_fetch_max_bytes,
-    is_secret_option, is_security_option,
+    DEFAULT_READ_AHEAD_BYTES, DEFAULT_READ_MEMORY_BYTES, KafkaSourceConfig, TopicSelection,
+    default_fetch_max_bytes, is_secret_option, is_security_option,
 };
 pub use error::KafkaError;
 pub use membership::{GroupConfig, GroupProtocol, KafkaMembership, live_members};
@@ -43,9 +44,8 @@ pub use sink::{Delivery, KafkaSink, KafkaSinkConfig};
 #[derive(Clone, Default)]
 pub struct SourceContext {
     refusals: refusal::Refusals,
-    /// For the reading consumer: where its statistics put the messages it
-    /// fetched.
-    fetched: Option<Arc<AtomicU64>>,
+    /// For the reading consumer: where its statistics go.
+    statistics: Option<Arc<reader::Latest>>,
 }
 
 impl ClientContext for SourceContext {
@@ -57,12 +57,9 @@ impl ClientContext for SourceContext {
         route_error(&self.refusals, &error, reason);
     }
 
-    fn stats(&self, statistics: rdkafka::statistics::Statistics) {
-        if let Some(fetched) = &self.fetched {
-            fetched.store(
-                u64::try_from(statistics.rxmsgs).unwrap_or(0),
-                Ordering::Relaxed,
-            );
+    fn stats_raw(&self, statistics: &[u8]) {
+        if let Some(latest) = &self.statistics {
+            latest.put(statistics);
         }
     }
 }
@@ -216,7 +213,22 @@ impl KafkaSource {
     /// 0). Messages that a pause dropped and that were fetched again count each
     /// time, so beside the records read it tells how much was fetched twice.
     pub fn fetched_messages(&self) -> u64 {
-        self.reader.shared().fetched.load(Ordering::Relaxed)
+        self.reader
+            .shared()
+            .statistics
+            .messages
+            .load(Ordering::Relaxed)
+    }
+
+    /// The read amplification as of the reading consumer's latest statistics
+    /// (every `statistics.interval.ms`, a second unless configured).
+    pub fn read_amplification(&self) -> Option<ReadAmplification> {
+        self.reader
+            .shared()
+            .amplification
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The configuration in force.
@@ -327,6 +339,10 @@ impl Source for KafkaSource {
                 | KafkaError::PollTimeout { .. }
                 | KafkaError::Task(_)
         )
+    }
+
+    fn read_amplification(&self) -> Option<ReadAmplification> {
+        KafkaSource::read_amplification(self)
     }
 
     async fn commit_progress(&mut self, offsets: &PartitionOffsets) -> Result<(), KafkaError> {

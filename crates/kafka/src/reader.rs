@@ -36,13 +36,19 @@
 //! end-of-partition event is off, and a partition that reports any other error
 //! is assigned afresh at its next offset.
 //!
-//! So memory is bounded by configuration: the read-ahead, and beyond each
-//! share two fetch shares (`max.partition.fetch.bytes`: its part of
-//! `fetch.max.bytes`, at most half its share, at least one 16 KiB record
-//! batch), librdkafka's queue limits (an eighth of a share per partition), and
-//! the fetch in flight (`fetch.max.bytes`). What a fetch in flight at the pause
-//! brings is dropped and fetched again, and so is the rest of a record batch
-//! larger than the room past the share.
+//! A fetch brings a partition whole record batches, and librdkafka's producers
+//! write batches of up to 1,000,000 bytes: over 1,024 partitions, far more than
+//! a share. What a partition had queued past its share is kept as long as all
+//! the buffers together hold less than
+//! [`crate::KafkaSourceConfig::read_memory_bytes`]; past that it is dropped at
+//! the pause and fetched again (the progress report's read amplification says
+//! how often), and a warning says so at most once a minute.
+//!
+//! So memory is bounded by configuration: the read memory, librdkafka's queue
+//! limits (an eighth of a share per partition), what one fetch brings a
+//! partition while the reading thread is behind, and the fetch in flight
+//! (`fetch.max.bytes`). What a fetch in flight at the pause brings is dropped
+//! and fetched again.
 //!
 //! librdkafka does not wake a broker thread that idles for want of fetchable
 //! partitions when one of them resumes; the thread sleeps up to a second. After
@@ -86,9 +92,12 @@ use crate::client::{Client, Position};
 use crate::{KafkaError, SourceContext};
 
 // Parts of the reading thread's work, each over its state.
+mod fetched;
 mod loss;
 mod plan;
 mod poll;
+
+pub(crate) use fetched::Latest;
 
 /// How long the reading thread sleeps when nothing happens, before it checks
 /// positions and the read's timeout again.
@@ -160,8 +169,10 @@ pub(crate) struct Shared {
     pub(crate) assignments: AtomicU64,
     /// How many times a partition was paused because its buffer was full.
     pub(crate) pauses: AtomicU64,
-    /// The messages the consumer fetched, from its statistics.
-    pub(crate) fetched: Arc<AtomicU64>,
+    /// The consumer's latest statistics.
+    pub(crate) statistics: Arc<fetched::Latest>,
+    /// The read amplification as of the latest statistics.
+    pub(crate) amplification: Mutex<Option<sluice_core::ReadAmplification>>,
 }
 
 impl ReadingThread {
@@ -174,7 +185,8 @@ impl ReadingThread {
             stop: AtomicBool::new(false),
             assignments: AtomicU64::new(0),
             pauses: AtomicU64::new(0),
-            fetched: Arc::default(),
+            statistics: Arc::default(),
+            amplification: Mutex::new(None),
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -500,9 +512,30 @@ struct Part {
     last_message: Instant,
     /// The index of this partition's range in the read in progress.
     range: Option<usize>,
+    /// Bytes of keys and values of the messages kept, and of those counted in
+    /// the read amplification so far.
+    kept: u64,
+    kept_counted: u64,
 }
 
 impl Part {
+    fn new(topic: Arc<str>, partition: i32) -> Part {
+        Part {
+            topic,
+            partition,
+            fetch: Fetch::Idle,
+            start: 0,
+            next: 0,
+            buffer: Buffer::default(),
+            full: false,
+            out_of_range: false,
+            last_message: Instant::now(),
+            range: None,
+            kept: 0,
+            kept_counted: 0,
+        }
+    }
+
     fn key(&self) -> Key {
         (self.topic.clone(), self.partition)
     }
@@ -537,9 +570,10 @@ struct ReaderState {
     read: Option<BatchRead>,
     /// When positions and the timeout were last looked at.
     last_idle_check: Instant,
-    /// What a fetch asks of each partition (`max.partition.fetch.bytes`), set
-    /// when the consumer is made.
-    fetch_share: usize,
+    /// Bytes fetched and kept per partition, for the read amplification.
+    tally: fetched::Tally,
+    /// When the read memory was last reported full.
+    last_cut_report: Option<Instant>,
     stats: Stats,
 }
 
@@ -558,6 +592,9 @@ struct Stats {
     resumed: u64,
     /// Partitions assigned at their next offsets.
     assigned: u64,
+    /// Times a full partition's queued records were left to be dropped and
+    /// fetched again because the read memory was full.
+    cut: u64,
     /// Partitions assigned afresh because a read waited for them in vain.
     stalled: u64,
     /// Times the thread slept for lack of work.
@@ -579,7 +616,8 @@ impl ReaderState {
             poke: None,
             read: None,
             last_idle_check: Instant::now(),
-            fetch_share: MIN_PARTITION_FETCH_BYTES,
+            tally: fetched::Tally::default(),
+            last_cut_report: None,
             stats: Stats::default(),
         }
     }
@@ -600,9 +638,8 @@ impl ReaderState {
         let consumer = Arc::new(create_consumer(
             &self.client,
             partitions,
-            self.shared.fetched.clone(),
+            self.shared.statistics.clone(),
         )?);
-        self.fetch_share = partition_fetch_bytes(&self.client, partitions);
         self.assigner = Some(Assigner::start(consumer.clone(), self.shared.clone())?);
         self.consumer = Some(consumer.clone());
         Ok(consumer)
@@ -865,6 +902,8 @@ fn take<M: Message>(
     if at < part.next {
         return;
     }
+    part.kept +=
+        (message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len)) as u64;
     if let (Some(read), Some(r)) = (read, part.range) {
         let BatchRead {
             ranges,
@@ -936,7 +975,7 @@ fn partition_fetch_bytes(client: &Client, partitions: usize) -> usize {
 fn create_consumer(
     client: &Client,
     partitions: usize,
-    fetched: Arc<AtomicU64>,
+    statistics: Arc<fetched::Latest>,
 ) -> Result<BaseConsumer<SourceContext>, KafkaError> {
     let mut config = client.reader_config.clone();
     let options = &client.config.client_options;
@@ -960,6 +999,9 @@ fn create_consumer(
     // resumes; at least one of the Java producer's 16 KiB record batches. A
     // larger record batch still arrives: librdkafka doubles a partition's limit
     // when a fetch brought it nothing whole.
+    if !options.contains_key("statistics.interval.ms") {
+        config.set("statistics.interval.ms", fetched::STATISTICS_INTERVAL_MS);
+    }
     if !options.contains_key("max.partition.fetch.bytes") {
         let bytes = partition_fetch_bytes(client, partitions);
         config.set("max.partition.fetch.bytes", bytes.to_string());
@@ -967,7 +1009,7 @@ fn create_consumer(
     config
         .create_with_context(SourceContext {
             refusals: client.refusals.clone(),
-            fetched: Some(fetched),
+            statistics: Some(statistics),
         })
         .map_err(|source| KafkaError::Client {
             bootstrap: client.config.bootstrap_servers.clone(),

@@ -126,6 +126,7 @@ pub(crate) fn record_metrics(progress: &QueryProgress) {
         for (name, metric) in [
             ("maxOffsetsBehindLatest", "sluice_max_offsets_behind_latest"),
             ("avgOffsetsBehindLatest", "sluice_avg_offsets_behind_latest"),
+            ("readAmplification", "sluice_read_amplification"),
         ] {
             if let Some(value) = source.metrics.get(name).and_then(|v| v.parse::<f64>().ok()) {
                 metrics::gauge!(metric).set(value);

@@ -160,18 +160,11 @@ impl ReaderState {
                 batch,
                 ready,
             });
-            self.parts.push(Part {
-                topic: key.0,
-                partition: key.1,
-                fetch,
-                start: from,
-                next: from,
-                buffer: Buffer::default(),
-                full: false,
-                out_of_range: false,
-                last_message: Instant::now(),
-                range: None,
-            });
+            let mut part = Part::new(key.0, key.1);
+            part.fetch = fetch;
+            part.start = from;
+            part.next = from;
+            self.parts.push(part);
         }
         // Partitions with empty ranges are assigned too, so that they read ahead
         // for the batches to come.

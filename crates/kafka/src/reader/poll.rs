@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// The least time between two log lines about the read memory being full.
+const CUT_REPORT_EVERY: Duration = Duration::from_secs(60);
+
 impl ReaderState {
     /// Polls the queue of every partition that is fetching and has messages,
     /// and the consumer's own queue for librdkafka's events. Returns whether
@@ -11,7 +14,9 @@ impl ReaderState {
     pub(super) fn poll_queues(&mut self, consumer: &BaseConsumer<SourceContext>) -> bool {
         let include_headers = self.client.config.include_headers;
         let share = self.share();
-        let limit = share + 2 * self.fetch_share;
+        let budget = self.client.config.read_memory_bytes;
+        let mut held: usize = self.parts.iter().map(|p| p.buffer.bytes).sum();
+        let cut_before = self.stats.cut;
         let mut polled = false;
         let mut now = None;
         let mut restart = Vec::new();
@@ -23,11 +28,12 @@ impl ReaderState {
             ..
         } = self;
         for (part, queue) in parts.iter_mut().zip(queues.iter_mut()) {
-            // A full partition is not polled: what is queued for it is dropped
-            // when it is unassigned, and fetched again when it is assigned.
+            // A full partition is polled only for what librdkafka already
+            // queued for it, and only while the read memory has room: what is
+            // left queued is dropped at its pause and fetched again.
             if part.fetch != Fetch::Fetching
-                || part.full
                 || part.out_of_range
+                || (part.full && held >= budget)
                 || !queue.ready.swap(false, Ordering::Acquire)
             {
                 continue;
@@ -39,15 +45,23 @@ impl ReaderState {
                     queue.ready.store(true, Ordering::Release);
                     break;
                 }
-                // What is queued, past the buffer's share by up to two fetch
-                // shares (records take more in a buffer than on the wire): what is
-                // left queued is dropped at the pause and fetched again, whole
-                // record batches at a time. Taking only what fitted the share made
-                // the broker send 1,024 partitions at 10,000 records per trigger
-                // 1.9 times the topic, as a fetch brings a partition at least one
-                // record batch and a 16 KiB batch did not fit the room of a 24 KiB
-                // share. A larger record batch is still fetched again.
-                let want = part.buffer.room_in_records(limit).min(BURST - taken);
+                // What is queued, past the buffer's share while the read memory
+                // has room: what is left queued is dropped at the pause and
+                // fetched again, whole record batches at a time. Taking only what
+                // fitted the share made the broker send 1,024 partitions at 10,000
+                // records per trigger 1.9 times the topic with 16 KiB record
+                // batches, and with 170 KiB ones, fetched whole again for every few
+                // batches' records, read at a tenth of the raw consumer's rate.
+                let spare = budget.saturating_sub(held);
+                let room = if part.buffer.bytes < share || spare > 0 {
+                    share.max(part.buffer.bytes + spare)
+                } else {
+                    stats.cut += 1;
+                    queue.ready.store(true, Ordering::Release);
+                    break;
+                };
+                let want = part.buffer.room_in_records(room).min(BURST - taken);
+                let before = part.buffer.bytes;
                 // What one call took is all kept, but after an offset out of
                 // range, where the partition starts over from `next`.
                 let mut failed = false;
@@ -82,6 +96,7 @@ impl ReaderState {
                         failed = true;
                     }
                 });
+                held = (held + part.buffer.bytes).saturating_sub(before);
                 if n == 0 {
                     break;
                 }
@@ -100,14 +115,13 @@ impl ReaderState {
                     part.fetch = Fetch::Stopping;
                     break;
                 }
-                if part.full {
-                    queue.ready.store(true, Ordering::Release);
-                    break;
-                }
             }
         }
         if !restart.is_empty() {
             self.unassign(restart);
+        }
+        if self.stats.cut > cut_before {
+            self.report_cut(budget);
         }
         // Messages arrive here only for a partition whose queue was not split yet,
         // which `plan_parts` prevents by splitting before it assigns.
@@ -122,7 +136,37 @@ impl ReaderState {
                 Err(e) => tracing::debug!(error = %e, "Kafka event outside the partition queues"),
             }
         }
+        // Statistics arrive while that queue is served.
+        if let Some(figures) = self.tally.update(&self.shared.statistics, &mut self.parts) {
+            *lock(&self.shared.amplification) = Some(figures);
+        }
         polled
+    }
+
+    /// Says, at most once a minute, that the read memory made partitions drop
+    /// records they had fetched, to fetch them again.
+    fn report_cut(&mut self, budget: usize) {
+        if self
+            .last_cut_report
+            .is_some_and(|at| at.elapsed() < CUT_REPORT_EVERY)
+        {
+            return;
+        }
+        self.last_cut_report = Some(Instant::now());
+        let mib = |bytes: usize| bytes.div_ceil(1024 * 1024);
+        tracing::warn!(
+            read_memory_mb = mib(budget),
+            partitions = self.parts.len(),
+            times = self.stats.cut,
+            "the read memory is full, so records that fetches brought beyond a partition's \
+             share of the read-ahead are dropped and fetched again: the producers' record \
+             batches are larger than {} KiB per partition, what read_memory_mb = {} holds over \
+             {} partitions; raise read_memory_mb to read each record once (the progress \
+             report's readAmplification says how often records are fetched)",
+            budget / self.parts.len().max(1) / 1024,
+            mib(budget),
+            self.parts.len()
+        );
     }
 
     /// Pauses the partitions whose buffers are full and resumes those whose

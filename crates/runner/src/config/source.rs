@@ -45,6 +45,9 @@ pub struct SourceSection {
     pub commit_progress: bool,
     /// How many MiB of records the reader may hold ahead of the batches.
     pub read_ahead_mb: Option<u64>,
+    /// How many MiB of records the reader may hold in all: the read-ahead and
+    /// the rest of record batches larger than a partition's share.
+    pub read_memory_mb: Option<u64>,
     /// The name of the source table in `[query] sql`.
     pub table: Option<String>,
     /// How values are read: "raw" (default), "json", "csv" or "avro".
@@ -166,6 +169,20 @@ fn kafka(source: &SourceSection) -> Result<(KafkaSourceConfig, String)> {
         }
         kafka.read_ahead_bytes = usize::try_from(mb.saturating_mul(1024 * 1024))
             .context("read_ahead_mb is too large for this machine")?;
+    }
+    // Unset, the read memory grows with a larger read-ahead.
+    kafka.read_memory_bytes = kafka.read_memory_bytes.max(kafka.read_ahead_bytes);
+    if let Some(mb) = source.read_memory_mb {
+        kafka.read_memory_bytes = usize::try_from(mb.saturating_mul(1024 * 1024))
+            .context("read_memory_mb is too large for this machine")?;
+    }
+    if kafka.read_memory_bytes < kafka.read_ahead_bytes {
+        bail!(
+            "read_memory_mb ({} MiB) is less than read_ahead_mb ({} MiB): the read memory holds \
+             the read-ahead; raise read_memory_mb or lower read_ahead_mb",
+            kafka.read_memory_bytes / (1024 * 1024),
+            kafka.read_ahead_bytes / (1024 * 1024)
+        );
     }
     if let Some(ms) = source.poll_timeout_ms {
         if ms == 0 {

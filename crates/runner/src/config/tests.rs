@@ -89,6 +89,34 @@ fn a_minimal_config_gets_sparks_defaults() {
     assert_eq!(s.min_batches_to_retain, 100);
     assert_eq!(s.source_description, "KafkaV2[Subscribe[events]]");
     assert_eq!(s.starting.resolve(), sluice_core::StartingOffsets::Latest);
+    assert_eq!(s.kafka.read_memory_bytes, 64 * 1024 * 1024);
+}
+
+#[test]
+fn the_read_memory_holds_at_least_the_read_ahead() {
+    let with = |lines: &str| {
+        parse(&MINIMAL.replacen(
+            "subscribe = [\"events\"]",
+            &format!("subscribe = [\"events\"]\n{lines}"),
+            1,
+        ))
+        .unwrap()
+        .kafka
+    };
+    let mib = 1024 * 1024;
+    // Unset, it grows with a larger read-ahead.
+    let kafka = with("read_ahead_mb = 128");
+    assert_eq!(
+        (kafka.read_ahead_bytes, kafka.read_memory_bytes),
+        (128 * mib, 128 * mib)
+    );
+    let kafka = with("read_memory_mb = 200");
+    assert_eq!(
+        (kafka.read_ahead_bytes, kafka.read_memory_bytes),
+        (16 * mib, 200 * mib)
+    );
+    let kafka = with("read_ahead_mb = 8\nread_memory_mb = 8");
+    assert_eq!(kafka.read_memory_bytes, 8 * mib);
 }
 
 #[test]
@@ -204,6 +232,11 @@ fn bad_configs_are_refused_with_the_reason() {
             "subscribe = [\"events\"]",
             "subscribe = [\"events\"]\npoll_timeout_ms = 0",
             "source.poll_timeout_ms must be at least 1",
+        ),
+        (
+            "subscribe = [\"events\"]",
+            "subscribe = [\"events\"]\nread_ahead_mb = 32\nread_memory_mb = 16",
+            "read_memory_mb (16 MiB) is less than read_ahead_mb (32 MiB)",
         ),
         (
             "location = \"/tmp/q\"",
