@@ -38,10 +38,11 @@
 //!
 //! A fetch brings a partition whole record batches, and librdkafka's producers
 //! write batches of up to 1,000,000 bytes: over 1,024 partitions, far more than
-//! a share. What a partition had queued past its share is kept as long as all
-//! the buffers together hold less than
-//! [`crate::KafkaSourceConfig::read_memory_bytes`]; past that it is dropped at
-//! the pause and fetched again (the progress report's read amplification says
+//! a share. What a partition had queued past its share is kept within its
+//! part of [`crate::KafkaSourceConfig::read_memory_bytes`] (an equal part, from
+//! half to all of it, spread over the partitions) while all the buffers
+//! together hold less than that; past that it is dropped at the pause and
+//! fetched again (the progress report's read amplification says
 //! how often), and a warning says so at most once a minute.
 //!
 //! So memory is bounded by configuration: the read memory, librdkafka's queue
