@@ -1,10 +1,11 @@
 //! The Kafka side of `cargo xtask bench`:
 //!
-//! - `fill <bootstrap> <topic> <partitions> <records> <value bytes> [batch bytes]`:
+//! - `fill <bootstrap> <topic> <partitions> <records> <value bytes> [batch bytes [compression]]`:
 //!   creates the topic and fills it to `records` records, with a progress bar; a
 //!   topic that already holds them is reused. The producer's `batch.size` is
 //!   `batch bytes` (librdkafka's 1,000,000 by default; the Java producer's default
-//!   is 16,384), which sets the size of the record batches a fetch returns whole.
+//!   is 16,384), which sets the size of the record batches a fetch returns whole;
+//!   `compression` is its `compression.type` (`none` by default, `lz4`, `zstd`...).
 //!   Each value is a JSON order (`order`, `customer`, `amount`, `note`), padded with
 //!   its note to `value bytes`, so that the SQL configurations have JSON to decode.
 //! - `events <bootstrap> <topic> <partitions> <records> <users>`: like `fill`, with
@@ -54,6 +55,7 @@ fn main() -> Result<()> {
             records.parse()?,
             value_bytes.parse()?,
             1_000_000,
+            "none",
         ),
         [
             "fill",
@@ -70,6 +72,25 @@ fn main() -> Result<()> {
             records.parse()?,
             value_bytes.parse()?,
             batch_bytes.parse()?,
+            "none",
+        ),
+        [
+            "fill",
+            bootstrap,
+            topic,
+            partitions,
+            records,
+            value_bytes,
+            batch_bytes,
+            compression,
+        ] => fill(
+            bootstrap,
+            topic,
+            partitions.parse()?,
+            records.parse()?,
+            value_bytes.parse()?,
+            batch_bytes.parse()?,
+            compression,
         ),
         ["events", bootstrap, topic, partitions, records, users] => {
             let users: u64 = users.parse()?;
@@ -81,7 +102,7 @@ fn main() -> Result<()> {
                 topic,
                 partitions.parse()?,
                 records.parse()?,
-                1_000_000,
+                (1_000_000, "none"),
                 |n, value| event(n, users, value),
             )
         }
@@ -150,25 +171,27 @@ fn fill(
     records: u64,
     value_bytes: usize,
     batch_bytes: usize,
+    compression: &str,
 ) -> Result<()> {
     fill_with(
         bootstrap,
         topic,
         partitions,
         records,
-        batch_bytes,
+        (batch_bytes, compression),
         |n, value| order(n, value_bytes, value),
     )
 }
 
 /// Creates `topic` and fills it to `records` records, record `n` with the
-/// value `value` writes for it, in partition `n % partitions`.
+/// value `value` writes for it, in partition `n % partitions`, through a
+/// producer of `batch.size` and `compression.type` `producer`.
 fn fill_with(
     bootstrap: &str,
     topic: &str,
     partitions: i32,
     records: u64,
-    batch_bytes: usize,
+    (batch_bytes, compression): (usize, &str),
     mut value_of: impl FnMut(u64, &mut Vec<u8>),
 ) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = config(bootstrap).create()?;
@@ -195,6 +218,7 @@ fn fill_with(
     let producer: ThreadedProducer<_> = config(bootstrap)
         .set("linger.ms", "20")
         .set("batch.size", batch_bytes.to_string())
+        .set("compression.type", compression)
         .set("queue.buffering.max.messages", "1000000")
         .set("queue.buffering.max.kbytes", "1048576")
         .create()?;

@@ -26,14 +26,51 @@ use crate::bench::{
 
 const BOOTSTRAP: &str = "127.0.0.1:9092";
 
+/// A producer the sweep fills topics with: its `batch.size` and
+/// `compression.type`, which set the record batches a fetch returns whole.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Producer {
+    pub batch_bytes: u64,
+    pub compression: String,
+}
+
+impl Producer {
+    /// `16384`, `1000000`, `1000000:lz4`...
+    fn parse(text: &str) -> Result<Producer> {
+        let (bytes, compression) = text.trim().split_once(':').unwrap_or((text.trim(), "none"));
+        Ok(Producer {
+            batch_bytes: bytes
+                .parse()
+                .with_context(|| format!("producer {text:?}: {bytes:?} is not a batch.size"))?,
+            compression: compression.to_owned(),
+        })
+    }
+
+    fn label(&self) -> String {
+        let size = match self.batch_bytes {
+            16_384 => "16 KiB".to_owned(),
+            1_000_000 => "1 MB".to_owned(),
+            b => format!("{b} B"),
+        };
+        match self.compression.as_str() {
+            "none" => format!("{size} batches"),
+            c => format!("{size} {c} batches"),
+        }
+    }
+
+    fn spec(&self) -> String {
+        format!("{}:{}", self.batch_bytes, self.compression)
+    }
+}
+
 /// What `bench partitions` measures.
 pub struct SweepArgs {
     pub records: u64,
     pub partitions: Vec<u32>,
     pub runs: usize,
-    /// The producer's `batch.size` when filling: it sets the size of the record
-    /// batches that a fetch returns whole.
-    pub batch_bytes: u64,
+    /// The producers to fill topics with: the Java producer's 16 KiB record
+    /// batches, librdkafka's 1,000,000 bytes, and those with lz4 and zstd.
+    pub producers: Vec<Producer>,
 }
 
 impl SweepArgs {
@@ -42,7 +79,10 @@ impl SweepArgs {
             records: 2_000_000,
             partitions: vec![8, 256, 1024],
             runs: 2,
-            batch_bytes: 16_384,
+            producers: ["16384", "1000000", "1000000:lz4", "1000000:zstd"]
+                .iter()
+                .map(|p| Producer::parse(p))
+                .collect::<Result<_>>()?,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -54,7 +94,12 @@ impl SweepArgs {
             match flag.as_str() {
                 "--records" => parsed.records = number(value)?,
                 "--runs" => parsed.runs = usize::try_from(number(value)?)?.max(1),
-                "--batch-bytes" => parsed.batch_bytes = number(value)?,
+                "--producers" => {
+                    parsed.producers = value
+                        .split(',')
+                        .map(Producer::parse)
+                        .collect::<Result<_>>()?;
+                }
                 "--partitions" => {
                     parsed.partitions = value
                         .split(',')
@@ -63,7 +108,7 @@ impl SweepArgs {
                 }
                 other => bail!(
                     "unknown option {other}: use --records, --partitions 8,256,1024, --runs, \
-                     --batch-bytes"
+                     --producers 16384,1000000,1000000:lz4,1000000:zstd"
                 ),
             }
         }
@@ -137,105 +182,156 @@ pub(crate) fn progress_lines(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// One configuration of the sweep.
+struct Sweep<'a> {
+    name: String,
+    topic: &'a str,
+    cassandra: bool,
+    max: Option<u64>,
+}
+
+/// Runs `sweep` `runs` times, each beside a run of the raw consumer, and
+/// returns its row of the results.
+fn run_sweep(
+    work: &Path,
+    (sluice, tool): (&Path, &Path),
+    sweep: &Sweep,
+    args: &SweepArgs,
+) -> Result<Value> {
+    let name = &sweep.name;
+    let mut ratios = Vec::new();
+    let mut rss = Vec::new();
+    let mut raw_rss = Vec::new();
+    let mut amplification = Vec::new();
+    for run in 0..args.runs {
+        let base = raw(tool, sweep.topic)?;
+        let dir = fresh_dir(
+            work.join("sweep")
+                .join(crate::bench::slug(name))
+                .join(run.to_string()),
+        )?;
+        let extra = sweep
+            .max
+            .map(|m| format!("max_offsets_per_trigger = {m}"))
+            .unwrap_or_default();
+        let config = query(
+            &dir,
+            sweep.topic,
+            &extra,
+            &checkpoint(sweep.cassandra, &dir),
+            "available_now = true",
+        )?;
+        let started = Instant::now();
+        let mut child = Command::new(sluice)
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()?;
+        let peak = watch_peak_rss(&mut child)?;
+        let status = child.wait()?;
+        let seconds = started.elapsed().as_secs_f64();
+        if !status.success() {
+            bail!(
+                "sluice run failed for {name} ({status}); see {}",
+                config.display()
+            );
+        }
+        let progress = progress_lines(&dir);
+        let read: f64 = progress
+            .iter()
+            .map(|p| p["numInputRows"].as_f64().unwrap_or(0.0))
+            .sum();
+        if read as u64 != args.records {
+            bail!("{name}: read {read} records of {}", args.records);
+        }
+        // As of librdkafka's last statistics, a second or less before the end.
+        let amp = progress
+            .last()
+            .and_then(|p| {
+                p["sources"][0]["metrics"]["readAmplificationTotal"]
+                    .as_str()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(f64::NAN);
+        let ratio = base.seconds / seconds;
+        println!(
+            "{name} run {run}: {seconds:.2} s, x{ratio:.2} of the raw consumer's {:.2} s; peak RSS {} MiB (raw {} MiB); read amplification {amp:.2}",
+            base.seconds,
+            peak / 1024,
+            base.peak_rss_kib / 1024
+        );
+        ratios.push(ratio);
+        rss.push(peak as f64 / 1024.0);
+        raw_rss.push(base.peak_rss_kib as f64 / 1024.0);
+        amplification.push(amp);
+    }
+    Ok(json!({
+        "name": name,
+        "store": if sweep.cassandra { "cassandra" } else { "filesystem" },
+        "max_offsets_per_trigger": sweep.max,
+        "ratio_to_raw": median(ratios.clone()),
+        "ratios": ratios,
+        "peak_rss_mib": median(rss.clone()),
+        "peak_rss_mib_all": rss,
+        "raw_peak_rss_mib": median(raw_rss),
+        "read_amplification": median(amplification.clone()),
+        "read_amplification_all": amplification,
+        // For the chart, which plots this field.
+        "records_per_second": {"median": median(ratios)},
+    }))
+}
+
 pub fn partitions(root: &Path, args: &SweepArgs) -> Result<()> {
     let (sluice, tool) = build_release(root)?;
     let work = root.join("target").join("bench");
     let mut rows = Vec::new();
-    for &partitions in &args.partitions {
-        let topic = format!(
-            "sluice-sweep-{partitions}p-{}r-{}b",
-            args.records, args.batch_bytes
-        );
-        let status = Command::new(&tool)
-            .args(["fill", BOOTSTRAP, &topic])
-            .arg(partitions.to_string())
-            .arg(args.records.to_string())
-            .arg("100")
-            .arg(args.batch_bytes.to_string())
-            .status()
-            .context("running bench_tool fill")?;
-        if !status.success() {
-            bail!("filling {topic} failed");
-        }
-        for cassandra in [false, true] {
-            for max in [None, Some(10_000_u64)] {
-                let name = format!(
-                    "{partitions} partitions, {}, {}",
-                    if cassandra { "cassandra" } else { "filesystem" },
-                    max.map_or("default".to_owned(), |m| format!("{}k/trigger", m / 1000))
-                );
-                let mut ratios = Vec::new();
-                let mut rss = Vec::new();
-                let mut raw_rss = Vec::new();
-                for run in 0..args.runs {
-                    let base = raw(&tool, &topic)?;
-                    let dir = fresh_dir(
-                        work.join("sweep")
-                            .join(crate::bench::slug(&name))
-                            .join(run.to_string()),
-                    )?;
-                    let extra = max
-                        .map(|m| format!("max_offsets_per_trigger = {m}"))
-                        .unwrap_or_default();
-                    let config = query(
-                        &dir,
-                        &topic,
-                        &extra,
-                        &checkpoint(cassandra, &dir),
-                        "available_now = true",
-                    )?;
-                    let started = Instant::now();
-                    let mut child = Command::new(&sluice)
-                        .args(["run", "--config"])
-                        .arg(&config)
-                        .env("SLUICE_LOG", "warn")
-                        .stdout(Stdio::null())
-                        .spawn()?;
-                    let peak = watch_peak_rss(&mut child)?;
-                    let status = child.wait()?;
-                    let seconds = started.elapsed().as_secs_f64();
-                    if !status.success() {
-                        bail!(
-                            "sluice run failed for {name} ({status}); see {}",
-                            config.display()
-                        );
-                    }
-                    let read: f64 = progress_lines(&dir)
-                        .iter()
-                        .map(|p| p["numInputRows"].as_f64().unwrap_or(0.0))
-                        .sum();
-                    if read as u64 != args.records {
-                        bail!("{name}: read {read} records of {}", args.records);
-                    }
-                    let ratio = base.seconds / seconds;
-                    println!(
-                        "{name} run {run}: {seconds:.2} s, x{ratio:.2} of the raw consumer's {:.2} s; peak RSS {} MiB (raw {} MiB)",
-                        base.seconds,
-                        peak / 1024,
-                        base.peak_rss_kib / 1024
+    for producer in &args.producers {
+        for &partitions in &args.partitions {
+            let topic = format!(
+                "sluice-sweep-{partitions}p-{}r-{}b-{}",
+                args.records, producer.batch_bytes, producer.compression
+            );
+            let status = Command::new(&tool)
+                .args(["fill", BOOTSTRAP, &topic])
+                .arg(partitions.to_string())
+                .arg(args.records.to_string())
+                .arg("100")
+                .arg(producer.batch_bytes.to_string())
+                .arg(&producer.compression)
+                .status()
+                .context("running bench_tool fill")?;
+            if !status.success() {
+                bail!("filling {topic} failed");
+            }
+            for cassandra in [false, true] {
+                for max in [None, Some(10_000_u64)] {
+                    let name = format!(
+                        "{}, {partitions} partitions, {}, {}",
+                        producer.label(),
+                        if cassandra { "cassandra" } else { "filesystem" },
+                        max.map_or("default".to_owned(), |m| format!("{}k/trigger", m / 1000))
                     );
-                    ratios.push(ratio);
-                    rss.push(peak as f64 / 1024.0);
-                    raw_rss.push(base.peak_rss_kib as f64 / 1024.0);
+                    let sweep = Sweep {
+                        name,
+                        topic: &topic,
+                        cassandra,
+                        max,
+                    };
+                    let mut row = run_sweep(&work, (&sluice, &tool), &sweep, args)?;
+                    row["partitions"] = json!(partitions);
+                    row["producer"] = json!({
+                        "batch.size": producer.batch_bytes,
+                        "compression.type": producer.compression,
+                    });
+                    rows.push(row);
                 }
-                rows.push(json!({
-                    "name": name,
-                    "partitions": partitions,
-                    "store": if cassandra { "cassandra" } else { "filesystem" },
-                    "max_offsets_per_trigger": max,
-                    "ratio_to_raw": median(ratios.clone()),
-                    "ratios": ratios,
-                    "peak_rss_mib": median(rss.clone()),
-                    "peak_rss_mib_all": rss,
-                    "raw_peak_rss_mib": median(raw_rss),
-                    // For the chart, which plots this field.
-                    "records_per_second": {"median": median(ratios)},
-                }));
             }
         }
     }
     let command = format!(
-        "cargo xtask bench partitions --records {} --partitions {} --runs {} --batch-bytes {}",
+        "cargo xtask bench partitions --records {} --partitions {} --runs {} --producers {}",
         args.records,
         args.partitions
             .iter()
@@ -243,7 +339,11 @@ pub fn partitions(root: &Path, args: &SweepArgs) -> Result<()> {
             .collect::<Vec<_>>()
             .join(","),
         args.runs,
-        args.batch_bytes
+        args.producers
+            .iter()
+            .map(Producer::spec)
+            .collect::<Vec<_>>()
+            .join(",")
     );
     let report = json!({"command": command, "configurations": rows});
     let results = work.join("partitions.json");
@@ -259,20 +359,24 @@ pub fn partitions(root: &Path, args: &SweepArgs) -> Result<()> {
         bail!("drawing the chart failed");
     }
     let mut table = format!(
-        "Measured with `{command}`: {} records of 100 bytes per topic, written with a producer \
-         `batch.size` of {} bytes, the discard sink, `available_now`. Each ratio is the raw \
+        "Measured with `{command}`: {} records of 100 bytes per topic, each topic written by \
+         librdkafka's producer with the `batch.size` and `compression.type` its configuration \
+         names (`linger.ms` 20), the discard sink, `available_now`. Each ratio is the raw \
          consumer's wall time over Sluice's, each Sluice run paired with a raw run just before \
-         it; medians over the runs.\n\n\
-         | configuration | ratio to raw | Sluice peak RSS MiB | raw peak RSS MiB |\n\
-         | --- | --- | --- | --- |\n",
-        args.records, args.batch_bytes
+         it; medians over the runs. The read amplification is the bytes of keys and values \
+         librdkafka fetched per byte Sluice read, as of its last statistics (a second or less \
+         before the end).\n\n\
+         | configuration | ratio to raw | read amplification | Sluice peak RSS MiB | raw peak RSS MiB |\n\
+         | --- | --- | --- | --- | --- |\n",
+        args.records
     );
     for row in report["configurations"].as_array().into_iter().flatten() {
         let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
         table.push_str(&format!(
-            "| {} | {:.2} | {:.0} | {:.0} |\n",
+            "| {} | {:.2} | {:.2} | {:.0} | {:.0} |\n",
             row["name"].as_str().unwrap_or_default(),
             f(&row["ratio_to_raw"]),
+            f(&row["read_amplification"]),
             f(&row["peak_rss_mib"]),
             f(&row["raw_peak_rss_mib"]),
         ));

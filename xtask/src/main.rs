@@ -55,9 +55,11 @@ Tasks:
   bench [--records N] [--partitions P] [--value-bytes B] [--runs R]
                 Sluice end to end against a plain rdkafka consumer on the same topic;
                 writes target/bench/results.json and docs/benchmarks.md
-  bench partitions [--records N] [--partitions 8,256,1024] [--runs R] [--batch-bytes B]
-                the same over several partition counts, at the default batch size and
-                10,000 offsets per trigger, with both stores: ratios and peak RSS
+  bench partitions [--records N] [--partitions 8,256,1024] [--runs R]
+                   [--producers 16384,1000000,1000000:lz4,1000000:zstd]
+                the same over several partition counts and producers (batch.size and
+                compression.type), at the default batch size and 10,000 offsets per
+                trigger, with both stores: ratios, read amplification and peak RSS
   bench latency [--rates 100,10000,100000] [--seconds N] [--warm-up N] [--partitions P] [--runs N] [--only NAME]
                 send-to-visible latency with processing_time = \"0s\", to jsonl and to the kafka
                 sink, with both stores, beside Kafka's own latency in the same run
