@@ -704,7 +704,11 @@ async fn a_full_read_ahead_keeps_what_a_fetch_brought_instead_of_fetching_it_aga
 /// batch, with a read-ahead of 64 KiB (16 KiB a partition) and `read_memory`
 /// bytes in all; returns the read amplification once librdkafka's statistics
 /// counted every record.
-async fn read_slowly(topic: &str, per_partition: i64, read_memory: usize) -> ReadAmplification {
+async fn read_slowly(
+    topic: &str,
+    per_partition: i64,
+    read_memory: usize,
+) -> (ReadAmplification, Option<u64>) {
     let mut config = subscribe(topic);
     config.read_ahead_bytes = 64 * 1024;
     config.read_memory_bytes = read_memory;
@@ -731,7 +735,7 @@ async fn read_slowly(topic: &str, per_partition: i64, read_memory: usize) -> Rea
     loop {
         let figures = source.read_amplification();
         if let Some(f) = figures.filter(|f| f.read_bytes >= read_bytes) {
-            return f;
+            return (f, source.learned_fetch_bytes());
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -766,7 +770,13 @@ async fn record_batches_larger_than_a_share_are_kept_within_the_read_memory() {
 
     // Without memory beyond the read-ahead, each record batch is fetched again
     // for every few batches' records.
-    let tight = read_slowly(&topic, per_partition, 64 * 1024).await;
+    let (tight, learned) = read_slowly(&topic, per_partition, 64 * 1024).await;
+    // The 16 KiB fetches it began with cut the record batches short; it went on
+    // reading, exactly, with fetches that hold them.
+    assert!(
+        learned.is_some_and(|b| b >= 128 * 1024),
+        "{learned:?} {tight:?}"
+    );
     assert!(
         tight.total() > 3.0,
         "with only the read-ahead, records were fetched again: {tight:?}"
@@ -774,7 +784,11 @@ async fn record_batches_larger_than_a_share_are_kept_within_the_read_memory() {
     // With room for the rest of each record batch, each record is fetched once,
     // but for what the fetch in flight when a partition pauses brings, which the
     // pause drops (6.4 times and 1.5 times on the test broker).
-    let roomy = read_slowly(&topic, per_partition, 8 * 1024 * 1024).await;
+    let (roomy, learned) = read_slowly(&topic, per_partition, 8 * 1024 * 1024).await;
+    assert!(
+        learned.is_some_and(|b| b >= 128 * 1024),
+        "{learned:?} {roomy:?}"
+    );
     assert!(
         roomy.total() < 1.6,
         "with read memory for whole record batches, each record was fetched once: {roomy:?}"

@@ -49,6 +49,12 @@ impl BatchQueue {
         })
     }
 
+    /// How many messages are queued now.
+    pub(crate) fn len(&self) -> usize {
+        // Safe: the queue lives as long as `self`.
+        unsafe { rd::rd_kafka_queue_length(self.queue.as_ptr()) }
+    }
+
     /// Takes at most `max` messages that are queued now, without waiting, and
     /// lends each in turn to `each`. Returns how many it took. A message taken
     /// counts as consumed for librdkafka, so `each` must keep what it needs.

@@ -231,6 +231,18 @@ impl KafkaSource {
             .clone()
     }
 
+    /// The fetch size per partition (`max.partition.fetch.bytes`) the reader
+    /// learned from record batches larger than the one it started with.
+    pub fn learned_fetch_bytes(&self) -> Option<u64> {
+        Some(
+            self.reader
+                .shared()
+                .learned_fetch_bytes
+                .load(Ordering::Relaxed),
+        )
+        .filter(|b| *b > 0)
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &KafkaSourceConfig {
         &self.client.config

@@ -70,7 +70,7 @@
 //! which are never delivered, and the reader takes that position when the
 //! partition has nothing queued, so such offsets never stall a read.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -97,6 +97,7 @@ mod fetched;
 mod loss;
 mod plan;
 mod poll;
+mod sizing;
 
 pub(crate) use fetched::Latest;
 
@@ -174,6 +175,9 @@ pub(crate) struct Shared {
     pub(crate) statistics: Arc<fetched::Latest>,
     /// The read amplification as of the latest statistics.
     pub(crate) amplification: Mutex<Option<sluice_core::ReadAmplification>>,
+    /// The fetch size per partition learned from the record batches; 0 until
+    /// learned.
+    pub(crate) learned_fetch_bytes: AtomicU64,
 }
 
 impl ReadingThread {
@@ -188,6 +192,7 @@ impl ReadingThread {
             pauses: AtomicU64::new(0),
             statistics: Arc::default(),
             amplification: Mutex::new(None),
+            learned_fetch_bytes: AtomicU64::new(0),
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -513,10 +518,16 @@ struct Part {
     last_message: Instant,
     /// The index of this partition's range in the read in progress.
     range: Option<usize>,
-    /// Bytes of keys and values of the messages kept, and of those counted in
-    /// the read amplification so far.
-    kept: u64,
-    kept_counted: u64,
+    /// Bytes of keys and values of the messages taken from librdkafka, and of
+    /// those taken when the latest statistics came.
+    taken: u64,
+    taken_counted: u64,
+    /// Bytes of keys and values handed to reads, and of those counted in the
+    /// read amplification so far.
+    delivered: u64,
+    delivered_counted: u64,
+    /// Bytes taken since its queue was last found empty.
+    run: usize,
 }
 
 impl Part {
@@ -532,8 +543,11 @@ impl Part {
             out_of_range: false,
             last_message: Instant::now(),
             range: None,
-            kept: 0,
-            kept_counted: 0,
+            taken: 0,
+            taken_counted: 0,
+            delivered: 0,
+            delivered_counted: 0,
+            run: 0,
         }
     }
 
@@ -571,10 +585,13 @@ struct ReaderState {
     read: Option<BatchRead>,
     /// When positions and the timeout were last looked at.
     last_idle_check: Instant,
-    /// Bytes fetched and kept per partition, for the read amplification.
+    /// Bytes fetched and read per partition, for the read amplification.
     tally: fetched::Tally,
     /// When the read memory was last reported full.
     last_cut_report: Option<Instant>,
+    /// The record batches' size as the partitions showed it, and the fetch
+    /// size learned from it.
+    sizing: sizing::Sizing,
     stats: Stats,
 }
 
@@ -619,6 +636,7 @@ impl ReaderState {
             last_idle_check: Instant::now(),
             tally: fetched::Tally::default(),
             last_cut_report: None,
+            sizing: sizing::Sizing::default(),
             stats: Stats::default(),
         }
     }
@@ -639,6 +657,7 @@ impl ReaderState {
         let consumer = Arc::new(create_consumer(
             &self.client,
             partitions,
+            self.sizing.learned,
             self.shared.statistics.clone(),
         )?);
         self.assigner = Some(Assigner::start(consumer.clone(), self.shared.clone())?);
@@ -659,6 +678,7 @@ impl ReaderState {
         let mut busy = self.hand_over();
         busy |= self.take_buffered();
         busy |= self.poll_queues(&consumer);
+        self.resize_fetches();
         busy |= self.hand_over();
         if let Some(read) = &mut self.read
             && std::mem::take(&mut read.progressed)
@@ -689,6 +709,7 @@ impl ReaderState {
 
     /// Forgets every partition, so that the next read starts afresh.
     fn forget_all(&mut self) {
+        self.tally.settle(&mut self.parts);
         let fetching = self
             .parts
             .iter()
@@ -736,6 +757,9 @@ impl ReaderState {
                     break;
                 };
                 part.start = record.offset().value() + 1;
+                part.delivered += (record.key().map_or(0, <[u8]>::len)
+                    + record.value().map_or(0, <[u8]>::len))
+                    as u64;
                 out.chunk.push_ref(record);
                 part.buffer.pop_front();
                 moved = true;
@@ -903,8 +927,8 @@ fn take<M: Message>(
     if at < part.next {
         return;
     }
-    part.kept +=
-        (message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len)) as u64;
+    let bytes = message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len);
+    part.taken += bytes as u64;
     if let (Some(read), Some(r)) = (read, part.range) {
         let BatchRead {
             ranges,
@@ -922,6 +946,7 @@ fn take<M: Message>(
                 finish_if_complete(range, part, remaining);
             } else if out.has_room() {
                 push(&mut out.chunk, message, &part.topic, include_headers);
+                part.delivered += bytes as u64;
                 part.next = at + 1;
                 part.start = at + 1;
                 finish_if_complete(range, part, remaining);
@@ -976,6 +1001,7 @@ fn partition_fetch_bytes(client: &Client, partitions: usize) -> usize {
 fn create_consumer(
     client: &Client,
     partitions: usize,
+    learned_fetch_bytes: Option<usize>,
     statistics: Arc<fetched::Latest>,
 ) -> Result<BaseConsumer<SourceContext>, KafkaError> {
     let mut config = client.reader_config.clone();
@@ -1004,7 +1030,8 @@ fn create_consumer(
         config.set("statistics.interval.ms", fetched::STATISTICS_INTERVAL_MS);
     }
     if !options.contains_key("max.partition.fetch.bytes") {
-        let bytes = partition_fetch_bytes(client, partitions);
+        let bytes =
+            learned_fetch_bytes.unwrap_or_else(|| partition_fetch_bytes(client, partitions));
         config.set("max.partition.fetch.bytes", bytes.to_string());
     }
     config

@@ -3,8 +3,8 @@
 //!
 //! librdkafka counts, per partition, the bytes of keys and values of every
 //! message it queued (`rxbytes`): messages a pause dropped and fetched again
-//! count each time. The reading thread counts the same bytes of the messages it
-//! kept, which it never drops. Both are taken at the moment the statistics
+//! count each time. The reading thread counts the same bytes of the records it
+//! handed to reads. Both are taken at the moment the statistics
 //! arrive, on the reading thread, so that the two sides of each interval match.
 //! Records of a record batch before the offset a fetch started at are skipped
 //! by librdkafka uncounted, so the figure is a floor of what the broker sent.
@@ -74,10 +74,14 @@ impl Latest {
     }
 }
 
-/// Each partition's bytes fetched and kept, over the source's life.
+/// Each partition's bytes fetched and read, over the source's life.
 #[derive(Default)]
 pub(crate) struct Tally {
     partitions: HashMap<Key, PartitionTally>,
+    /// Read since the figures were last made.
+    unreported_read: u64,
+    /// Fetched by a consumer that is gone, since the figures were last made.
+    unreported_fetched: u64,
 }
 
 #[derive(Default)]
@@ -89,7 +93,33 @@ struct PartitionTally {
 }
 
 impl Tally {
-    /// Takes the latest statistics, if new ones came, and the bytes `parts` kept
+    /// Counts as fetched what `parts` took from a consumer about to be replaced
+    /// since its last statistics, which will not come, and starts librdkafka's
+    /// counts from nothing for the next consumer.
+    pub(crate) fn consumer_replaced(&mut self, parts: &mut [Part]) {
+        for part in parts.iter_mut() {
+            let fetched = part.taken - part.taken_counted;
+            part.taken_counted = part.taken;
+            self.partitions.entry(part.key()).or_default().fetched += fetched;
+            self.unreported_fetched += fetched;
+        }
+        for tally in self.partitions.values_mut() {
+            tally.rxbytes = 0;
+        }
+    }
+
+    /// Counts what `parts` handed to reads since they were last counted; called
+    /// before partitions are forgotten too.
+    pub(crate) fn settle(&mut self, parts: &mut [Part]) {
+        for part in parts {
+            let read = part.delivered - part.delivered_counted;
+            part.delivered_counted = part.delivered;
+            self.partitions.entry(part.key()).or_default().read += read;
+            self.unreported_read += read;
+        }
+    }
+
+    /// Takes the latest statistics, if new ones came, and the bytes `parts` read
     /// since the last; returns the figures then.
     pub(crate) fn update(
         &mut self,
@@ -113,13 +143,12 @@ impl Tally {
                 recent_fetched += fetched;
             }
         }
-        let mut recent_read = 0;
-        for part in parts {
-            let read = part.kept - part.kept_counted;
-            part.kept_counted = part.kept;
-            self.partitions.entry(part.key()).or_default().read += read;
-            recent_read += read;
+        self.settle(parts);
+        for part in parts.iter_mut() {
+            part.taken_counted = part.taken;
         }
+        let recent_fetched = recent_fetched + std::mem::take(&mut self.unreported_fetched);
+        let recent_read = std::mem::take(&mut self.unreported_read);
         let (mut fetched_bytes, mut read_bytes) = (0, 0);
         let mut worst: Vec<(TopicPartition, f64)> = Vec::new();
         for ((topic, partition), tally) in &self.partitions {
@@ -166,14 +195,14 @@ mod tests {
     }
 
     #[test]
-    fn fetched_over_kept_per_interval_and_per_partition() {
+    fn fetched_over_read_per_interval_and_per_partition() {
         let latest = Latest::default();
         let mut tally = Tally::default();
         let mut parts = vec![Part::new(Arc::from("t"), 0), Part::new(Arc::from("t"), 1)];
         assert!(tally.update(&latest, &mut parts).is_none(), "nothing new");
 
-        parts[0].kept = 100;
-        parts[1].kept = 100;
+        parts[0].delivered = 100;
+        parts[1].delivered = 100;
         latest.put(&statistics(&[(-1, 0), (0, 100), (1, 300)]));
         assert_eq!(latest.messages.load(Ordering::Relaxed), 10);
         let first = tally.update(&latest, &mut parts).unwrap();
@@ -185,7 +214,7 @@ mod tests {
         );
 
         // The next interval counts only what came since.
-        parts[0].kept = 200;
+        parts[0].delivered = 200;
         latest.put(&statistics(&[(0, 200), (1, 300)]));
         let second = tally.update(&latest, &mut parts).unwrap();
         assert_eq!(

@@ -23,7 +23,7 @@ impl ReaderState {
                 return;
             }
         }
-        let mut read = BatchRead {
+        let read = BatchRead {
             events,
             ranges: Vec::with_capacity(ranges.len()),
             remaining: 0,
@@ -35,6 +35,29 @@ impl ReaderState {
             last_progress: Instant::now(),
             progressed: false,
         };
+        self.track(&ranges, read);
+    }
+
+    /// Goes on with `read` over `ranges`, the rest of its ranges, after the
+    /// consumer was made again: what it handed over and the data loss it met
+    /// stay with it.
+    pub(super) fn begin_carrying(&mut self, ranges: Vec<OffsetRange>, mut read: BatchRead) {
+        let planned = self
+            .consumer(ranges.len())
+            .and_then(|consumer| self.plan_parts(&consumer, &ranges));
+        if let Err(e) = planned {
+            self.forget_all();
+            let _ = read.events.try_send(Err(e));
+            return;
+        }
+        read.ranges.clear();
+        read.remaining = 0;
+        read.last_progress = Instant::now();
+        self.track(&ranges, read);
+    }
+
+    /// Makes `read` the read in progress, over `ranges`.
+    fn track(&mut self, ranges: &[OffsetRange], mut read: BatchRead) {
         for (i, r) in ranges.iter().enumerate() {
             let part = match self.parts.get(i) {
                 Some(p) if p.is(&r.topic_partition) => i,

@@ -4,6 +4,25 @@
 
 use super::*;
 
+/// How many bytes a buffer holding `bytes` may hold after taking what its
+/// queue holds: its `share`, and past it its `cap` while the read memory has
+/// `spare` bytes; `None` when it is to take nothing more.
+///
+/// What is left queued is dropped at the pause and fetched again, whole record
+/// batches at a time. Taking only what fitted the share made the broker send
+/// 1,024 partitions at 10,000 records per trigger 1.9 times the topic with
+/// 16 KiB record batches, and with 170 KiB ones, fetched whole again for every
+/// few batches' records, read at a tenth of the raw consumer's rate.
+fn room(bytes: usize, share: usize, cap: usize, spare: usize) -> Option<usize> {
+    if bytes < share {
+        Some(share)
+    } else if spare > 0 && bytes < cap {
+        Some(cap.min(bytes + spare))
+    } else {
+        None
+    }
+}
+
 /// A number from 0 to `bytes`, the same for the same `index`, spread evenly
 /// over indexes that follow each other (Fibonacci hashing).
 fn spread(index: usize, bytes: usize) -> usize {
@@ -31,6 +50,7 @@ impl ReaderState {
         // MiB; in equal parts 2.15 times, 111 MiB).
         let cap = share.max(budget / self.parts.len().max(1));
         let cut_before = self.stats.cut;
+        let fetch_bytes = self.fetch_bytes(self.parts.len());
         let mut polled = false;
         let mut now = None;
         let mut restart = Vec::new();
@@ -39,6 +59,7 @@ impl ReaderState {
             queues,
             read,
             stats,
+            sizing,
             ..
         } = self;
         for (i, (part, queue)) in parts.iter_mut().zip(queues.iter_mut()).enumerate() {
@@ -64,25 +85,19 @@ impl ReaderState {
                     queue.ready.store(true, Ordering::Release);
                     break;
                 }
-                // What is queued, past the buffer's share while the read memory
-                // has room: what is left queued is dropped at the pause and
-                // fetched again, whole record batches at a time. Taking only what
-                // fitted the share made the broker send 1,024 partitions at 10,000
-                // records per trigger 1.9 times the topic with 16 KiB record
-                // batches, and with 170 KiB ones, fetched whole again for every few
-                // batches' records, read at a tenth of the raw consumer's rate.
                 let spare = budget.saturating_sub(held);
-                let room = if part.buffer.bytes < share {
-                    share
-                } else if spare > 0 && part.buffer.bytes < cap {
-                    cap.min(part.buffer.bytes + spare)
-                } else {
+                let Some(room) = room(part.buffer.bytes, share, cap, spare) else {
                     stats.cut += 1;
                     queue.ready.store(true, Ordering::Release);
+                    // What it kept of the run and what the pause will drop.
+                    let left = queue.batch.len() * part.buffer.record_bytes;
+                    sizing.run_ended(part, part.run + left, fetch_bytes);
+                    part.run = 0;
                     break;
                 };
                 let want = part.buffer.room_in_records(room).min(BURST - taken);
                 let before = part.buffer.bytes;
+                let taken_before = part.taken;
                 // What one call took is all kept, but after an offset out of
                 // range, where the partition starts over from `next`.
                 let mut failed = false;
@@ -118,7 +133,10 @@ impl ReaderState {
                     }
                 });
                 held = (held + part.buffer.bytes).saturating_sub(before);
+                part.run += (part.taken - taken_before) as usize;
                 if n == 0 {
+                    sizing.run_ended(part, part.run, fetch_bytes);
+                    part.run = 0;
                     break;
                 }
                 polled = true;
@@ -386,7 +404,25 @@ impl ReaderState {
 
 #[cfg(test)]
 mod tests {
-    use super::spread;
+    use super::{room, spread};
+
+    #[test]
+    fn a_buffer_takes_its_share_always_and_its_cap_while_the_read_memory_has_room() {
+        let (share, cap) = (16, 64);
+        assert_eq!(
+            room(0, share, cap, 0),
+            Some(16),
+            "the share, whatever else holds"
+        );
+        assert_eq!(room(20, share, cap, 1000), Some(64), "up to the cap");
+        assert_eq!(
+            room(20, share, cap, 10),
+            Some(30),
+            "within what the memory has"
+        );
+        assert_eq!(room(20, share, cap, 0), None, "the read memory is full");
+        assert_eq!(room(64, share, cap, 1000), None, "the cap is reached");
+    }
 
     #[test]
     fn parts_of_the_read_memory_are_spread_evenly_from_nothing_to_all() {
