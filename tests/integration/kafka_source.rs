@@ -798,6 +798,44 @@ async fn record_batches_larger_than_a_share_are_kept_within_the_read_memory() {
 }
 
 #[tokio::test]
+async fn topics_compressed_with_every_codec_producers_use_are_read_exactly() {
+    for codec in ["gzip", "snappy", "lz4", "zstd"] {
+        let topic = sluice_tests::unique_name(&format!("codec_{codec}"));
+        create_topic(&topic, 2).await;
+        let p: FutureProducer = client_config()
+            .set("acks", "all")
+            .set("compression.type", codec)
+            .set("linger.ms", "20")
+            .create()
+            .expect("a producer for the test broker");
+        for partition in 0..2 {
+            produce(
+                &p,
+                &topic,
+                &numbered(partition, &format!("{codec}-{partition}"), 500),
+            )
+            .await;
+        }
+        let mut source = source(subscribe(&topic));
+        let ranges = [range(&topic, 0, 0, 500), range(&topic, 1, 100, 400)];
+        let batch = source.read_batch(&ranges).await.unwrap();
+        let values = read_values(&batch);
+        for (values, (partition, from, until)) in values.iter().zip([(0, 0, 500), (1, 100, 400)]) {
+            let offsets: Vec<i64> = values.iter().map(|(o, _)| *o).collect();
+            assert_eq!(offsets, (from..until).collect::<Vec<_>>(), "{codec}");
+            let expected = numbered(partition, &format!("{codec}-{partition}"), 500);
+            for (offset, value) in values {
+                assert_eq!(
+                    value, &expected[*offset as usize].value,
+                    "{codec} at {offset}"
+                );
+            }
+        }
+        delete_topic(&topic).await;
+    }
+}
+
+#[tokio::test]
 async fn headers_come_with_records_when_asked_for() {
     let topic = sluice_tests::unique_name("headers");
     create_topic(&topic, 1).await;
