@@ -365,7 +365,7 @@ pub fn partitions(root: &Path, args: &SweepArgs) -> Result<()> {
          consumer's wall time over Sluice's, each Sluice run paired with a raw run just before \
          it; medians over the runs. The read amplification is the bytes of keys and values \
          librdkafka fetched per byte Sluice read, as of its last statistics (a second or less \
-         before the end).\n\n\
+         before the end; none for a run shorter than a second).\n\n\
          | configuration | ratio to raw | read amplification | Sluice peak RSS MiB | raw peak RSS MiB |\n\
          | --- | --- | --- | --- | --- |\n",
         args.records
@@ -373,10 +373,13 @@ pub fn partitions(root: &Path, args: &SweepArgs) -> Result<()> {
     for row in report["configurations"].as_array().into_iter().flatten() {
         let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
         table.push_str(&format!(
-            "| {} | {:.2} | {:.2} | {:.0} | {:.0} |\n",
+            "| {} | {:.2} | {} | {:.0} | {:.0} |\n",
             row["name"].as_str().unwrap_or_default(),
             f(&row["ratio_to_raw"]),
-            f(&row["read_amplification"]),
+            // A run shorter than librdkafka's first statistics has none.
+            Some(f(&row["read_amplification"]))
+                .filter(|a| a.is_finite())
+                .map_or("–".to_owned(), |a| format!("{a:.2}")),
             f(&row["peak_rss_mib"]),
             f(&row["raw_peak_rss_mib"]),
         ));
