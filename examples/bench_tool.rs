@@ -48,15 +48,6 @@ fn main() -> Result<()> {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["fill", bootstrap, topic, partitions, records, value_bytes] => fill(
-            bootstrap,
-            topic,
-            partitions.parse()?,
-            records.parse()?,
-            value_bytes.parse()?,
-            1_000_000,
-            "none",
-        ),
         [
             "fill",
             bootstrap,
@@ -64,33 +55,15 @@ fn main() -> Result<()> {
             partitions,
             records,
             value_bytes,
-            batch_bytes,
-        ] => fill(
+            producer @ ..,
+        ] if producer.len() <= 2 => fill(
             bootstrap,
             topic,
             partitions.parse()?,
             records.parse()?,
             value_bytes.parse()?,
-            batch_bytes.parse()?,
-            "none",
-        ),
-        [
-            "fill",
-            bootstrap,
-            topic,
-            partitions,
-            records,
-            value_bytes,
-            batch_bytes,
-            compression,
-        ] => fill(
-            bootstrap,
-            topic,
-            partitions.parse()?,
-            records.parse()?,
-            value_bytes.parse()?,
-            batch_bytes.parse()?,
-            compression,
+            producer.first().map_or(Ok(1_000_000), |b| b.parse())?,
+            producer.get(1).copied().unwrap_or("none"),
         ),
         ["events", bootstrap, topic, partitions, records, users] => {
             let users: u64 = users.parse()?;
