@@ -852,3 +852,110 @@ async fn bad_stateful_queries_exit_2_with_one_clear_line() {
         );
     }
 }
+
+/// Fills a topic of `partitions` partitions with `per_partition` orders each,
+/// written by a producer with `batch_size` and `linger_ms`: order `n` of
+/// partition `p` is order `n * partitions + p` of one stream, 100 ms of event
+/// time after the one before in its partition, one in 17 of them late.
+async fn orders_topic(
+    name: &str,
+    partitions: i32,
+    per_partition: u64,
+    batch_size: u32,
+    linger_ms: u32,
+) -> String {
+    let topic = sluice_tests::unique_name(name);
+    create_topic(&topic, partitions).await;
+    // Idempotent, so that a retried request cannot reorder a partition's
+    // orders: without it, 154 of 1,024 partitions came out of order.
+    let p: rdkafka::producer::FutureProducer = sluice_tests::kafka::client_config()
+        .set("enable.idempotence", "true")
+        .set("batch.size", batch_size.to_string())
+        .set("linger.ms", linger_ms.to_string())
+        .set("queue.buffering.max.messages", "2000000")
+        .create()
+        .expect("a producer for the test broker");
+    let records: Vec<Out> = (0..per_partition)
+        .flat_map(|i| {
+            (0..partitions as u64).map(move |p| {
+                let n = i * partitions as u64 + p;
+                let late = if i % 17 == 16 { 40_000 } else { 0 };
+                let ms = BASE_MS + i as i64 * 100 - late;
+                let ts = humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64),
+                );
+                Out::new(
+                    p as i32,
+                    format!("k{n}"),
+                    format!(
+                        r#"{{"n":{n},"customer":"c{}","amount":{},"ts":"{ts}"}}"#,
+                        n % 5,
+                        n % 100
+                    ),
+                )
+            })
+        })
+        .collect();
+    produce(&p, &topic, &records).await;
+    topic
+}
+
+/// The windowed counts and sums over `topic` at 10,000 orders per trigger, in
+/// append mode: the rows written, sorted, and the rows the watermark dropped
+/// as late in all.
+fn windowed_at_a_rate_limit(topic: &str) -> (Vec<String>, i64) {
+    let job = StatefulJob::new(topic, false);
+    let config = job.config(
+        "q.toml",
+        &format!("event_time = \"ts\"\nwatermark_delay = \"{DELAY_MS}ms\""),
+        "available_now = true",
+        &format!("sql = \"{WINDOWED}\"\noutput_mode = \"append\""),
+    );
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "max_offsets_per_trigger = 300",
+        "max_offsets_per_trigger = 10000",
+    );
+    std::fs::write(&config, text).unwrap();
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{topic}: {}", stderr(&output));
+    let mut rows: Vec<String> = lines(&job.path("out"))
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    rows.sort();
+    let dropped = job
+        .progress()
+        .iter()
+        .flat_map(|p| p["stateOperators"].as_array().cloned().unwrap_or_default())
+        .map(|op| op["numRowsDroppedByWatermark"].as_i64().unwrap_or(0))
+        .sum();
+    (rows, dropped)
+}
+
+#[tokio::test]
+async fn a_window_over_many_partitions_drops_the_same_late_rows_whatever_the_record_batches() {
+    // The same orders in the same partitions, written as the Java producer
+    // writes them (16 KiB record batches) and as librdkafka's producers do
+    // (up to 1,000,000 bytes: here about 40 KiB, all of a partition's orders
+    // at once, more than a partition's 16 KiB share of the read-ahead).
+    let (partitions, per_partition) = (1024, 400);
+    let small = orders_topic("windows16k", partitions, per_partition, 16_384, 5).await;
+    let large = orders_topic("windows1mb", partitions, per_partition, 1_000_000, 500).await;
+    // Plans are made per offset, each partition's part of the 10,000 in
+    // proportion to what it holds, so every partition moves through event time
+    // at the same pace whatever the record batches: a read that drained some
+    // partitions' record batches ahead of others would raise the watermark
+    // past the others' orders and drop them as late.
+    let (small_rows, small_dropped) = windowed_at_a_rate_limit(&small);
+    let (large_rows, large_dropped) = windowed_at_a_rate_limit(&large);
+    assert!(!small_rows.is_empty());
+    // Every late order is 40 s behind its partition and the earliest comes in
+    // the second batch, past the first batch's watermark: all of them are
+    // dropped, and no order on time.
+    let late = (0..per_partition).filter(|i| i % 17 == 16).count() as i64;
+    assert_eq!(small_dropped, late * i64::from(partitions));
+    assert_eq!(large_dropped, small_dropped);
+    assert_eq!(large_rows, small_rows);
+    delete_topic(&small).await;
+    delete_topic(&large).await;
+}
