@@ -70,7 +70,7 @@
 //! which are never delivered, and the reader takes that position when the
 //! partition has nothing queued, so such offsets never stall a read.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -93,12 +93,14 @@ use crate::client::{Client, Position};
 use crate::{KafkaError, SourceContext};
 
 // Parts of the reading thread's work, each over its state.
+mod buffer;
 mod fetched;
 mod loss;
 mod plan;
 mod poll;
 mod sizing;
 
+use buffer::Buffer;
 pub(crate) use fetched::Latest;
 
 /// How long the reading thread sleeps when nothing happens, before it checks
@@ -109,11 +111,6 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 pub(crate) const CHUNK_BYTES: usize = 128 * 1024;
 /// ...or this many records.
 pub(crate) const CHUNK_RECORDS: usize = 1024;
-
-/// The records of a partition's buffer are kept in segments of at most this
-/// many bytes of keys and values, so that memory is given back as a buffer
-/// drains. A segment is an eighth of the partition's share, if that is smaller.
-const SEGMENT_BYTES: usize = 16 * 1024;
 
 /// The most messages taken from one partition queue before the next partition's
 /// turn, so that every partition moves on.
@@ -370,118 +367,6 @@ fn apply(consumer: &BaseConsumer<SourceContext>, change: Change) -> Result<Chang
     Ok(change)
 }
 
-/// A partition's records read ahead, in offset order.
-///
-/// The buffer is measured by what its records take ([`RecordChunk::footprint`]),
-/// so that a partition pauses when it really holds its share and resumes when
-/// half of that was really taken. Its segments are made with room for a fixed
-/// number of records and bytes and never grow: a segment that grew by doubling
-/// for its last record held a third of what it was counted at, and a buffer
-/// counted half empty was in fact nearly empty, so every partition paused, then
-/// ran dry and waited for its fetch in the same batch. What the segments take
-/// beyond their records is at most the unfilled end of the last one and the
-/// taken front of the first.
-struct Buffer {
-    segments: VecDeque<RecordChunk>,
-    /// Records of the front segment already taken.
-    taken: usize,
-    /// What the records not yet taken take.
-    bytes: usize,
-    /// The mean size of this partition's records, in bytes of keys, values and
-    /// headers, and their mean number of headers, from the last segment filled:
-    /// what the next segment is made for.
-    record_bytes: usize,
-    record_headers: usize,
-}
-
-impl Default for Buffer {
-    fn default() -> Buffer {
-        Buffer {
-            segments: VecDeque::new(),
-            taken: 0,
-            bytes: 0,
-            record_bytes: 128,
-            record_headers: 0,
-        }
-    }
-}
-
-impl Buffer {
-    fn is_empty(&self) -> bool {
-        self.segments.is_empty()
-    }
-
-    fn front(&self) -> Option<sluice_core::RecordRef<'_>> {
-        self.segments.front()?.get(self.taken)
-    }
-
-    fn pop_front(&mut self) {
-        let Some(front) = self.segments.front() else {
-            return;
-        };
-        if let Some(record) = front.get(self.taken) {
-            self.bytes = self.bytes.saturating_sub(record.footprint());
-        }
-        self.taken += 1;
-        if self.taken >= front.len() {
-            self.segments.pop_front();
-            self.taken = 0;
-        }
-    }
-
-    fn push<M: Message>(
-        &mut self,
-        message: &M,
-        topic: &Arc<str>,
-        include_headers: bool,
-        share: usize,
-    ) {
-        let headers = include_headers.then(|| message.headers()).flatten();
-        let header_count = headers.as_ref().map_or(0, |h| h.count());
-        let data = message.key().map_or(0, <[u8]>::len)
-            + message.payload().map_or(0, <[u8]>::len)
-            + headers.as_ref().map_or(0, |h| {
-                h.iter()
-                    .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
-                    .sum()
-            });
-        let room = self
-            .segments
-            .back()
-            .is_some_and(|s| s.has_room_for(data, header_count));
-        if !room {
-            if let Some(last) = self.segments.back().filter(|s| !s.is_empty()) {
-                self.record_bytes = (last.byte_len() / last.len()).max(1);
-                let headers: usize = last.iter().map(|r| r.header_count()).sum();
-                self.record_headers = headers.div_ceil(last.len());
-            }
-            let segment = (share / 8).clamp(1024, SEGMENT_BYTES);
-            // A record larger than a segment gets one of its own size, with
-            // entries for the usual number of records only.
-            let bytes = segment.max(data);
-            let records = (segment / self.record_bytes).max(1);
-            let headers = (records * self.record_headers).max(header_count);
-            self.segments
-                .push_back(RecordChunk::with_room(records, bytes, headers));
-        }
-        if let Some(segment) = self.segments.back_mut() {
-            push(segment, message, topic, include_headers);
-            self.bytes += RecordChunk::footprint(data, header_count);
-        }
-    }
-
-    /// About how many more records fit before the buffer holds `limit`; at
-    /// least one.
-    fn room_in_records(&self, limit: usize) -> usize {
-        let record = RecordChunk::footprint(self.record_bytes, self.record_headers);
-        limit.saturating_sub(self.bytes) / record.max(1) + 1
-    }
-
-    fn clear(&mut self) {
-        *self = Buffer::default();
-    }
-}
-
 /// Where a partition stands with librdkafka.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fetch {
@@ -522,10 +407,11 @@ struct Part {
     /// those taken when the latest statistics came.
     taken: u64,
     taken_counted: u64,
-    /// Bytes of keys and values handed to reads, and of those counted in the
-    /// read amplification so far.
-    delivered: u64,
-    delivered_counted: u64,
+    /// Bytes of keys and values of taken messages that were dropped unread
+    /// (the buffer discarded for a new plan, or with the consumer), and of
+    /// those kept, as counted in the read amplification so far.
+    discarded: u64,
+    kept_counted: u64,
     /// Bytes taken since its queue was last found empty.
     run: usize,
 }
@@ -545,10 +431,16 @@ impl Part {
             range: None,
             taken: 0,
             taken_counted: 0,
-            delivered: 0,
-            delivered_counted: 0,
+            discarded: 0,
+            kept_counted: 0,
             run: 0,
         }
+    }
+
+    /// Drops what the buffer holds, counting it as discarded.
+    fn discard_buffer(&mut self) {
+        self.discarded += self.buffer.data_bytes;
+        self.buffer.clear();
     }
 
     fn key(&self) -> Key {
@@ -709,6 +601,9 @@ impl ReaderState {
 
     /// Forgets every partition, so that the next read starts afresh.
     fn forget_all(&mut self) {
+        for part in &mut self.parts {
+            part.discard_buffer();
+        }
         self.tally.settle(&mut self.parts);
         let fetching = self
             .parts
@@ -753,15 +648,13 @@ impl ReaderState {
                         return moved;
                     }
                 }
-                let Some(record) = part.buffer.front() else {
+                let Some(taken) = part
+                    .buffer
+                    .pop_into(&mut out.chunk, &part.topic, part.partition)
+                else {
                     break;
                 };
-                part.start = record.offset().value() + 1;
-                part.delivered += (record.key().map_or(0, <[u8]>::len)
-                    + record.value().map_or(0, <[u8]>::len))
-                    as u64;
-                out.chunk.push_ref(record);
-                part.buffer.pop_front();
+                part.start = taken.offset + 1;
                 moved = true;
             }
         }
@@ -865,8 +758,8 @@ fn finish_if_complete(range: &mut Range, part: &mut Part, remaining: &mut usize)
     let complete = part.start >= range.until
         || part
             .buffer
-            .front()
-            .is_some_and(|r| r.offset().value() >= range.until)
+            .front_offset()
+            .is_some_and(|at| at >= range.until)
         || (part.buffer.is_empty() && part.next >= range.until);
     if complete {
         range.done = true;
@@ -946,7 +839,6 @@ fn take<M: Message>(
                 finish_if_complete(range, part, remaining);
             } else if out.has_room() {
                 push(&mut out.chunk, message, &part.topic, include_headers);
-                part.delivered += bytes as u64;
                 part.next = at + 1;
                 part.start = at + 1;
                 finish_if_complete(range, part, remaining);
@@ -956,8 +848,7 @@ fn take<M: Message>(
             }
         }
     }
-    part.buffer
-        .push(message, &part.topic, include_headers, share);
+    part.buffer.push(message, include_headers, share);
     part.next = at + 1;
     part.full = part.buffer.bytes >= share;
 }
@@ -1073,80 +964,5 @@ fn push<M: Message>(chunk: &mut RecordChunk, message: &M, topic: &Arc<str>, incl
             }),
         ),
         None => chunk.push(topic, parts, std::iter::empty()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use rdkafka::message::OwnedMessage;
-
-    use super::*;
-
-    fn message(offset: i64, value_bytes: usize) -> OwnedMessage {
-        OwnedMessage::new(
-            Some(vec![b'v'; value_bytes]),
-            Some(format!("k{offset}").into_bytes()),
-            "t".to_owned(),
-            Timestamp::CreateTime(offset),
-            0,
-            offset,
-            None,
-        )
-    }
-
-    /// What the buffer's segments took from the allocator.
-    fn allocated(buffer: &Buffer) -> usize {
-        buffer
-            .segments
-            .iter()
-            .map(RecordChunk::allocated_bytes)
-            .sum()
-    }
-
-    /// Beyond its records, a buffer's segments hold at most the taken front of
-    /// the first and the unfilled end of the last: two segments of `share / 8`
-    /// bytes and their entries, for records of at least 60 bytes.
-    fn assert_about_what_it_counts(buffer: &Buffer, share: usize) {
-        let segment = (share / 8) + (share / 8 / 60 + 1) * 64;
-        assert!(
-            allocated(buffer) <= buffer.bytes + 2 * segment,
-            "{} allocated for {} counted",
-            allocated(buffer),
-            buffer.bytes
-        );
-    }
-
-    #[test]
-    fn a_buffer_counts_what_its_records_take_and_its_segments_hold_about_that() {
-        let share = 32 * 1024;
-        let topic: Arc<str> = Arc::from("t");
-        let mut buffer = Buffer::default();
-        let mut held = VecDeque::new();
-        for offset in 0..2_000 {
-            // Records of varying size, as a partition's are.
-            let m = message(offset, 60 + (offset as usize * 37) % 100);
-            buffer.push(&m, &topic, false, share);
-            held.push_back(RecordChunk::footprint(
-                m.key().unwrap().len() + m.payload().unwrap().len(),
-                0,
-            ));
-            // Take some as batches would, so that segments drain at the front.
-            if offset % 3 == 0 {
-                buffer.pop_front();
-                held.pop_front();
-            }
-            assert_eq!(buffer.bytes, held.iter().sum::<usize>());
-            assert_about_what_it_counts(&buffer, share);
-        }
-        // A record larger than a segment gets a segment of its own size, with
-        // entries for the usual number of records, not for its size.
-        let large = message(2_000, 100 * 1024);
-        buffer.push(&large, &topic, false, share);
-        assert_about_what_it_counts(&buffer, share);
-        while !buffer.is_empty() {
-            buffer.pop_front();
-        }
-        assert_eq!(buffer.bytes, 0);
-        assert_eq!(allocated(&buffer), 0);
     }
 }

@@ -124,7 +124,7 @@ impl ReaderState {
             let Some(from) = from else {
                 continue;
             };
-            part.buffer.clear();
+            part.discard_buffer();
             part.start = from;
             part.next = from;
             part.full = false;
