@@ -89,7 +89,7 @@ fn a_minimal_config_gets_sparks_defaults() {
     assert_eq!(s.min_batches_to_retain, 100);
     assert_eq!(s.source_description, "KafkaV2[Subscribe[events]]");
     assert_eq!(s.starting.resolve(), sluice_core::StartingOffsets::Latest);
-    assert_eq!(s.kafka.read_memory_bytes, 64 * 1024 * 1024);
+    assert_eq!(s.kafka.read_memory_bytes, 128 * 1024 * 1024);
 }
 
 #[test]
@@ -105,10 +105,10 @@ fn the_read_memory_holds_at_least_the_read_ahead() {
     };
     let mib = 1024 * 1024;
     // Unset, it grows with a larger read-ahead.
-    let kafka = with("read_ahead_mb = 128");
+    let kafka = with("read_ahead_mb = 256");
     assert_eq!(
         (kafka.read_ahead_bytes, kafka.read_memory_bytes),
-        (128 * mib, 128 * mib)
+        (256 * mib, 256 * mib)
     );
     let kafka = with("read_memory_mb = 200");
     assert_eq!(
