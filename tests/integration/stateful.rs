@@ -2,7 +2,8 @@
 //! and sums exactly once through SIGKILLs with either store, against an oracle
 //! that applies the same watermark rule to every produced record; the output
 //! modes, sliding and session windows, grouped aggregation without a window and
-//! DISTINCT; damaged state, `offsets set` on a stateful query, retention, and bad
+//! DISTINCT; keyed deduplication (`DISTINCT ON`) exactly once through SIGKILLs
+//! against its own oracle; damaged state, `offsets set` on a stateful query, retention, and bad
 //! queries refused.
 
 use std::collections::BTreeMap;
@@ -221,6 +222,16 @@ fn keep_producing(
     partitions: i32,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<BTreeMap<i32, Vec<u64>>> {
+    keep_producing_to(topic, move |n| (n % partitions as u64) as i32, stop)
+}
+
+/// Keeps producing orders, order `n` to partition `partition_of(n)`, until
+/// told to stop; returns each partition's orders in offset order.
+fn keep_producing_to(
+    topic: String,
+    partition_of: impl Fn(u64) -> i32 + Send + 'static,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<BTreeMap<i32, Vec<u64>>> {
     tokio::spawn(async move {
         let p = producer();
         let mut produced: BTreeMap<i32, Vec<u64>> = BTreeMap::new();
@@ -228,7 +239,7 @@ fn keep_producing(
         while !stop.load(Ordering::Relaxed) {
             let mut batch = Vec::new();
             for _ in 0..40 {
-                let partition = (n % partitions as u64) as i32;
+                let partition = partition_of(n);
                 batch.push(Out::new(partition, format!("k{n}"), order(n)));
                 produced.entry(partition).or_default().push(n);
                 n += 1;
@@ -247,11 +258,6 @@ struct Expected {
     late_per_batch: BTreeMap<u64, u64>,
 }
 
-/// Applies the watermark rule to the produced orders, batch by batch as the
-/// plans read them: batch N runs under the watermark W(N), W(0) = 0 and
-/// W(N+1) = max(W(N), latest event time of batch N - delay); an order older
-/// than its batch's watermark is late and dropped; a window is emitted when the
-/// last watermark has passed its end.
 /// Checks that the plans, read from Sluice's own files, are batches 0, 1, 2,
 /// ... whose ranges tile every partition from offset 0 to the last produced
 /// order, each starting where the batch before it ended: the oracle takes its
@@ -321,14 +327,20 @@ fn the_plan_check_refuses_a_gap_that_an_overlap_makes_up_for() {
     assert_plans_tile(&produced, &plans);
 }
 
-fn oracle(
+/// Walks the produced orders batch by batch as the plans read them, under
+/// the watermark rule: batch N runs under W(N), W(0) = 0 and W(N+1) =
+/// max(W(N), latest event time of batch N - delay), which each plan must have
+/// recorded; an order older than its batch's watermark is late. Calls
+/// `on_time` with each order that is not, and its batch's watermark; returns
+/// each batch's late orders.
+fn under_the_watermark(
     produced: &BTreeMap<i32, Vec<u64>>,
     topic: &str,
     plans: &BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)>,
-) -> Expected {
+    mut on_time: impl FnMut(u64, i64),
+) -> (BTreeMap<u64, u64>, i64) {
     assert_plans_tile(produced, plans);
     let mut watermark = 0_i64;
-    let mut groups: BTreeMap<(i64, String), (i64, i64)> = BTreeMap::new();
     let mut late_per_batch = BTreeMap::new();
     let mut read = 0_usize;
     for (batch, (start, end, recorded)) in plans {
@@ -348,12 +360,9 @@ fn oracle(
                 latest = Some(latest.map_or(ts, |l| l.max(ts)));
                 if ts < watermark {
                     late += 1;
-                    continue;
+                } else {
+                    on_time(n, watermark);
                 }
-                let window = ts - ts.rem_euclid(WINDOW_MS);
-                let entry = groups.entry((window, format!("c{}", n % 5))).or_default();
-                entry.0 += 1;
-                entry.1 += (n % 100) as i64;
             }
         }
         late_per_batch.insert(*batch, late);
@@ -363,6 +372,24 @@ fn oracle(
     }
     let total: usize = produced.values().map(Vec::len).sum();
     assert_eq!(read, total, "the plans read every order of {topic} once");
+    (late_per_batch, watermark)
+}
+
+/// What the windowed query emits: each window's count and sum over its
+/// orders on time, once the last watermark has passed its end.
+fn oracle(
+    produced: &BTreeMap<i32, Vec<u64>>,
+    topic: &str,
+    plans: &BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)>,
+) -> Expected {
+    let mut groups: BTreeMap<(i64, String), (i64, i64)> = BTreeMap::new();
+    let (late_per_batch, watermark) = under_the_watermark(produced, topic, plans, |n, _| {
+        let ts = event_ms(n);
+        let window = ts - ts.rem_euclid(WINDOW_MS);
+        let entry = groups.entry((window, format!("c{}", n % 5))).or_default();
+        entry.0 += 1;
+        entry.1 += (n % 100) as i64;
+    });
     let rows = groups
         .into_iter()
         .filter(|((start, _), _)| start + WINDOW_MS <= watermark)
@@ -479,6 +506,116 @@ async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_fil
 async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_cassandra_store() {
     // Four state partitions, so four Cassandra partitions of the state table.
     exactly_once_through_sigkills(true, 4).await;
+}
+
+/// Order `n`'s key for the deduplication: its customer and amount, which
+/// repeat every 100 orders (1 s of event time).
+fn dedupe_key(n: u64) -> u64 {
+    n % 100
+}
+
+/// What the deduplication emits: the orders that are the first of their key
+/// while the watermark keeps it (until it passes the first order's event time
+/// plus the delay), batch by batch as the plans read them, and each batch's
+/// late orders. A key's orders all go to one partition, so which is first does
+/// not depend on how a batch interleaves partitions.
+fn dedupe_oracle(
+    produced: &BTreeMap<i32, Vec<u64>>,
+    topic: &str,
+    plans: &BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)>,
+) -> (Vec<u64>, BTreeMap<u64, u64>, u64) {
+    let mut held: BTreeMap<u64, i64> = BTreeMap::new();
+    let mut emitted = Vec::new();
+    let mut duplicates = 0;
+    let (late_per_batch, _) =
+        under_the_watermark(produced, topic, plans, |n, watermark| {
+            match held.get(&dedupe_key(n)) {
+                Some(&expires) if expires >= watermark => duplicates += 1,
+                _ => {
+                    held.insert(dedupe_key(n), event_ms(n) + DELAY_MS);
+                    emitted.push(n);
+                }
+            }
+        });
+    emitted.sort_unstable();
+    (emitted, late_per_batch, duplicates)
+}
+
+async fn dedupe_exactly_once_through_sigkills(cassandra: bool) {
+    let topic = sluice_tests::unique_name("dedupe");
+    create_topic(&topic, 3).await;
+    let job = StatefulJob::new(&topic, cassandra);
+    let source = format!("event_time = \"ts\"\nwatermark_delay = \"{DELAY_MS}ms\"");
+    let query = "sql = \"SELECT DISTINCT ON (customer, amount) n, customer, amount FROM orders\"\n\
+                 state_partitions = 2";
+    let streaming = job.config("streaming.toml", &source, "processing_time = \"0s\"", query);
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer_task =
+        keep_producing_to(topic.clone(), |n| (dedupe_key(n) % 3) as i32, stop.clone());
+    let mut random = Lcg::from_clock("dedupe crash test");
+    let progress = job.path("progress.jsonl");
+    let before = sluice_tests::process::committed_batches(&progress);
+    sluice_tests::process::kill_at_random_moments(&streaming, 20, (300, 900), &mut random).await;
+    sluice_tests::process::assert_committed_since(&progress, before, "20 killed runs");
+    stop.store(true, Ordering::Relaxed);
+    let produced = producer_task.await.unwrap();
+    let catch_up = job.config("catch_up.toml", &source, "available_now = true", query);
+    let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    let plans = job.plans().await;
+    let (expected, late_per_batch, duplicates) = dedupe_oracle(&produced, &topic, &plans);
+    let mut got: Vec<u64> = lines(&job.path("out"))
+        .iter()
+        .map(|row| {
+            let n = row["n"].as_u64().unwrap();
+            assert_eq!(row["customer"], format!("c{}", n % 5), "{row}");
+            n
+        })
+        .collect();
+    got.sort_unstable();
+    for p in job.progress() {
+        let batch = p["batchId"].as_u64().unwrap();
+        let operator = &p["stateOperators"][0];
+        assert_eq!(operator["operatorName"], "dedupeWithinWatermark");
+        assert_eq!(
+            operator["numRowsDroppedByWatermark"].as_u64().unwrap(),
+            late_per_batch[&batch],
+            "late orders of batch {batch}"
+        );
+        // At most the 100 keys, and fewer once the watermark forgets some.
+        assert!(
+            operator["numRowsTotal"].as_u64().unwrap() <= 100,
+            "{operator}"
+        );
+    }
+    let total: usize = produced.values().map(Vec::len).sum();
+    println!(
+        "{total} orders, {} first of their key, {duplicates} duplicates, {} late, {} batches",
+        expected.len(),
+        late_per_batch.values().sum::<u64>(),
+        plans.len()
+    );
+    assert!(duplicates > 0 && late_per_batch.values().sum::<u64>() > 0);
+    assert!(
+        expected.len() > 100,
+        "keys were forgotten and came again: {}",
+        expected.len()
+    );
+    assert_eq!(got.len(), expected.len(), "no row lost or repeated");
+    assert_eq!(got, expected, "exactly the first order of each key");
+    assert_eq!(job.state_partitions_stored().await, 2);
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn distinct_on_is_exactly_once_through_sigkills_with_the_filesystem_checkpoint() {
+    dedupe_exactly_once_through_sigkills(false).await;
+}
+
+#[tokio::test]
+async fn distinct_on_is_exactly_once_through_sigkills_with_the_cassandra_store() {
+    dedupe_exactly_once_through_sigkills(true).await;
 }
 
 /// Twenty orders over two partitions, their event times 1 s apart.

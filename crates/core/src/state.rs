@@ -320,6 +320,9 @@ pub struct StateOperatorStats {
     /// groups, their merged states, its output and its state files. What a
     /// memory budget plans the next batches by.
     pub batch_memory_bytes: u64,
+    /// Figures of its own kind, named as Spark names them
+    /// (`numDroppedDuplicateRows`), for the report's `customMetrics`.
+    pub custom_metrics: Vec<(&'static str, u64)>,
 }
 
 #[cfg(test)]

@@ -81,6 +81,15 @@ impl From<sluice_state::StateError> for SqlError {
     }
 }
 
+/// A construct refused, why, and what to write instead.
+pub(crate) fn refused(what: &str, why: &str, instead: &str) -> SqlError {
+    SqlError::Refused {
+        what: what.to_owned(),
+        why: why.to_owned(),
+        instead: instead.to_owned(),
+    }
+}
+
 /// A message on one line: its lines joined.
 pub(crate) fn one_line(text: &str) -> String {
     text.lines()

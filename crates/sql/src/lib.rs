@@ -14,7 +14,9 @@
 pub mod columns;
 mod ddl;
 pub mod decode;
+mod dedupe;
 mod error;
+mod options;
 mod processor;
 mod query;
 pub mod window;
@@ -22,8 +24,9 @@ pub mod window;
 pub use ddl::parse_ddl;
 pub use decode::{AvroFormat, AvroWire, BadRecord, Decoded, Decoder, Format};
 pub use error::SqlError;
+pub use options::{DEFAULT_MAX_STATE_ROWS, MAX_STATE_PARTITIONS, QueryOptions};
 pub use processor::SqlProcessor;
-pub use query::{DEFAULT_MAX_STATE_ROWS, MAX_STATE_PARTITIONS, QueryOptions, StreamQuery};
+pub use query::StreamQuery;
 pub use sluice_state::{OutputMode, StateStats};
 
 /// Arrow, as this crate uses it, for the crates that take its rows.

@@ -197,8 +197,8 @@ impl Processor for SqlProcessor {
             event_time.begin(metadata.watermark_ms);
             event_time.begun_ms = metadata.watermark_ms;
         }
-        if let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) {
-            aggregation.begin()?;
+        if let Some(query) = self.query.as_mut() {
+            query.begin_batch(metadata.watermark_ms)?;
         }
         Ok(())
     }
@@ -218,10 +218,11 @@ impl Processor for SqlProcessor {
     }
 
     fn stateful_operators(&mut self) -> Vec<&mut dyn StatefulOperator<SqlError>> {
-        match self.query.as_mut().and_then(StreamQuery::aggregation) {
-            Some(aggregation) => vec![aggregation as &mut dyn StatefulOperator<SqlError>],
-            None => Vec::new(),
-        }
+        self.query
+            .as_mut()
+            .and_then(StreamQuery::stateful_operator)
+            .into_iter()
+            .collect()
     }
 
     fn event_time(&mut self) -> Option<&mut dyn EventTime> {
@@ -244,8 +245,8 @@ impl Processor for SqlProcessor {
             // final and emitted already.
             let (on_time, late) = event_time.on_time(decoded.batch)?;
             decoded.batch = on_time;
-            if let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) {
-                aggregation.dropped(late);
+            if let Some(query) = self.query.as_mut() {
+                query.dropped(late);
             }
         }
         let rows = match &self.query {
@@ -288,15 +289,12 @@ impl Processor for SqlProcessor {
                     .chain(std::iter::once((ERROR_HEADER, Some(bad.reason.as_bytes())))),
             );
         }
-        if stateful {
-            // Their groups' rows are emitted when the batch finishes.
-            if let Some(aggregation) = self.query.as_mut().and_then(StreamQuery::aggregation) {
-                for batch in &rows {
-                    aggregation.update(batch)?;
-                }
-            }
-            return Ok(());
-        }
+        let rows = match self.query.as_mut().filter(|_| stateful) {
+            // An aggregation's rows are emitted when the batch finishes, a
+            // deduplication's first rows at once.
+            Some(query) => query.update(&rows)?,
+            None => rows,
+        };
         out.row_count += rows.iter().map(|b| b.num_rows() as u64).sum::<u64>();
         out.rows.extend(rows);
         Ok(())
@@ -595,16 +593,22 @@ mod stateful_tests {
                        sum(amount) AS total FROM source GROUP BY window(ts, '10 seconds'), user";
 
     async fn processor(sql: &str, mode: Option<OutputMode>) -> SqlProcessor {
-        let decoder = Decoder::new(
-            Format::Json(parse_ddl("user STRING, amount BIGINT, ts TIMESTAMP").unwrap()),
-            false,
-        );
         let options = QueryOptions {
             output_mode: mode,
             watermark_column: Some("ts".to_owned()),
             ..QueryOptions::default()
         };
-        let query = StreamQuery::plan_with(sql, "source", decoder.schema(), &options)
+        planned(sql, &options).await
+    }
+
+    /// A processor running `sql` planned with `options`, with a watermark 5 s
+    /// behind `ts`.
+    async fn planned(sql: &str, options: &QueryOptions) -> SqlProcessor {
+        let decoder = Decoder::new(
+            Format::Json(parse_ddl("user STRING, amount BIGINT, ts TIMESTAMP").unwrap()),
+            false,
+        );
+        let query = StreamQuery::plan_with(sql, "source", decoder.schema(), options)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
         SqlProcessor::new(decoder, Some(query))
@@ -816,6 +820,112 @@ mod stateful_tests {
                 "2026-01-01T00:00:20Z 2026-01-01T00:00:25Z a 1"
             ]
         );
+    }
+    /// A processor running `sql` with a watermark 5 s behind `ts`.
+    async fn deduplicating(sql: &str) -> SqlProcessor {
+        let options = QueryOptions {
+            watermark_column: Some("ts".to_owned()),
+            watermark_delay_ms: Some(5_000),
+            ..QueryOptions::default()
+        };
+        planned(sql, &options).await
+    }
+
+    const DEDUPE: &str = "SELECT DISTINCT ON (user) user, amount * 10 AS tenfold FROM source \
+                          WHERE amount > 0";
+
+    #[tokio::test]
+    async fn distinct_on_keeps_a_keys_first_row_until_the_watermark_passes_it() {
+        // Each batch's orders (user, amount, second) and the rows it emits.
+        type Batch<'a> = (Vec<(&'a str, i64, i64)>, Vec<&'a str>);
+        let batches: Vec<Batch> = vec![
+            // The first of each key passes; a filtered row does not count.
+            (
+                vec![("ann", 5, 1), ("bob", 0, 2), ("bob", 1, 2), ("ann", 7, 3)],
+                vec!["ann 50", "bob 10"],
+            ),
+            // ann's first row (1 s) is kept until the watermark passes 6 s.
+            (vec![("ann", 2, 20), ("carl", 3, 20)], vec!["carl 30"]),
+            // The watermark is 15 s: ann and bob are forgotten, and a row older
+            // than the watermark is dropped as late.
+            (
+                vec![("ann", 4, 21), ("bob", 6, 22), ("dan", 1, 2)],
+                vec!["ann 40", "bob 60"],
+            ),
+            (vec![("ann", 9, 23), ("carl", 9, 24)], vec![]),
+        ];
+        let mut straight = deduplicating(DEDUPE).await;
+        for (id, (rows, expected)) in batches.iter().enumerate() {
+            let (out, _) = run(&mut straight, id as u64, rows).await;
+            assert_eq!(out, *expected, "batch {id}");
+        }
+        let stats = &straight.state_progress()[0];
+        assert_eq!(stats.name, "dedupeWithinWatermark");
+        // ann, bob (from 21-22 s), carl (20 s): held under a watermark of 19 s.
+        assert_eq!(stats.rows_total, 3, "{stats:?}");
+        assert_eq!(stats.custom_metrics, [("numDroppedDuplicateRows", 2)]);
+        // Crash after every batch: a fresh processor restores from the files
+        // and decides the same rows.
+        let mut files: Vec<StateFile> = Vec::new();
+        let mut watermark = 0;
+        let mut late = 0;
+        for (id, (rows, expected)) in batches.iter().enumerate() {
+            let mut p = deduplicating(DEDUPE).await;
+            p.restore_watermark(watermark);
+            p.restore_state(&files).unwrap();
+            let (out, new) = run(&mut p, id as u64, rows).await;
+            assert_eq!(out, *expected, "batch {id} after a restart");
+            files.extend(new);
+            watermark = p.watermark_ms();
+            late += p.state_progress()[0].rows_dropped_by_watermark;
+        }
+        assert_eq!(late, 1);
+    }
+
+    #[tokio::test]
+    async fn distinct_on_is_refused_where_a_stream_cannot_keep_it() {
+        let decoder = Decoder::new(
+            Format::Json(parse_ddl("user STRING, amount BIGINT, ts TIMESTAMP").unwrap()),
+            false,
+        );
+        let without_watermark =
+            StreamQuery::plan_with(DEDUPE, "source", decoder.schema(), &QueryOptions::default())
+                .await
+                .unwrap_err()
+                .to_string();
+        assert!(
+            without_watermark.contains("DISTINCT ON without a watermark")
+                && without_watermark.contains("source.watermark_delay"),
+            "{without_watermark}"
+        );
+        let options = QueryOptions {
+            watermark_column: Some("ts".to_owned()),
+            watermark_delay_ms: Some(5_000),
+            ..QueryOptions::default()
+        };
+        for (sql, refused) in [
+            (
+                "SELECT DISTINCT ON (user) user, amount FROM source ORDER BY user, ts",
+                "ORDER BY with DISTINCT ON",
+            ),
+            (
+                "SELECT user FROM (SELECT DISTINCT ON (user) user, ts FROM source) \
+                 WHERE user <> 'x'",
+                "DISTINCT ON inside another query",
+            ),
+            (
+                "SELECT DISTINCT ON (user) user, n, ts FROM \
+                 (SELECT user, count(*) AS n, max(ts) AS ts FROM source GROUP BY user)",
+                "DISTINCT ON over an aggregation",
+            ),
+        ] {
+            let err = StreamQuery::plan_with(sql, "source", decoder.schema(), &options)
+                .await
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(refused), "{sql}: {err}");
+        }
     }
 }
 

@@ -23,11 +23,15 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
 use crate::SqlError;
-use crate::error::one_line;
+use crate::error::{one_line, refused};
+use crate::options::{DEFAULT_MAX_STATE_ROWS, QueryOptions};
 use crate::window::{
     WindowGrouping, WindowKind, is_window_key, rewrite_window_grouping, window_functions,
 };
+use sluice_core::StatefulOperator;
 use sluice_state::{AggregateParts, Aggregation, Eviction, OutputMode};
+
+use crate::dedupe::KeyedDedupe;
 
 /// A query over the source table, ready to run chunk after chunk. A query that
 /// aggregates runs in two parts: the plan below its aggregate on every chunk,
@@ -40,38 +44,18 @@ pub struct StreamQuery {
     stateful: Option<Stateful>,
 }
 
+/// The stateful operator of a query.
+enum Stateful {
+    Aggregate(Aggregate),
+    Dedupe(KeyedDedupe),
+}
+
 /// The aggregation of a query, and the plan over what it emits.
-struct Stateful {
+struct Aggregate {
     aggregation: Aggregation,
     upper: Arc<dyn ExecutionPlan>,
     upper_slot: Arc<Slot>,
 }
-
-/// How a query runs, beyond its SQL.
-#[derive(Clone, Debug, Default)]
-pub struct QueryOptions {
-    /// `[query] output_mode`; `None` for the default: append for windows,
-    /// update for other aggregations.
-    pub output_mode: Option<OutputMode>,
-    /// The event-time column, when the query has a watermark.
-    pub watermark_column: Option<String>,
-    /// The most groups an aggregation may hold; `None` for
-    /// [`DEFAULT_MAX_STATE_ROWS`].
-    pub max_state_rows: Option<u64>,
-    /// How many partitions the state is split into, by a hash of the group
-    /// key; `None` for one.
-    pub state_partitions: Option<u32>,
-    /// The most bytes an aggregation's state and a batch's own groups may
-    /// hold; `None` for no limit.
-    pub state_memory_bytes: Option<u64>,
-}
-
-/// How many groups an aggregation holds at most unless told otherwise.
-pub const DEFAULT_MAX_STATE_ROWS: u64 = 10_000_000;
-
-/// The most state partitions a query may have: each is a file (or Cassandra
-/// partition) written every batch.
-pub const MAX_STATE_PARTITIONS: u32 = 256;
 
 impl std::fmt::Debug for StreamQuery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -168,6 +152,16 @@ impl StreamQuery {
             .await
             .map_err(|e| planning_error(e, table))?;
         refuse_what_streams_cannot_do(&logical)?;
+        if let Some(on) = crate::dedupe::distinct_on(&logical)? {
+            let (plan, dedupe) = crate::dedupe::plan(&ctx, on, options).await?;
+            return Ok(StreamQuery {
+                plan,
+                task: ctx.task_ctx(),
+                slot,
+                schema: dedupe.schema(),
+                stateful: Some(Stateful::Dedupe(dedupe)),
+            });
+        }
         let frame = ctx
             .execute_logical_plan(logical)
             .await
@@ -205,43 +199,102 @@ impl StreamQuery {
             task: ctx.task_ctx(),
             slot,
             schema,
-            stateful: Some(Stateful {
+            stateful: Some(Stateful::Aggregate(Aggregate {
                 aggregation,
                 upper,
                 upper_slot,
-            }),
+            })),
         })
     }
 
-    /// Whether the query aggregates, keeping state across batches.
+    /// Whether the query keeps state across batches: it aggregates or
+    /// deduplicates.
     pub fn is_stateful(&self) -> bool {
         self.stateful.is_some()
     }
 
-    /// The output mode of a query that aggregates.
+    /// The output mode of a query that keeps state.
     pub fn output_mode(&self) -> Option<OutputMode> {
-        self.stateful.as_ref().map(|s| s.aggregation.mode())
+        self.stateful.as_ref().map(|s| match s {
+            Stateful::Aggregate(a) => a.aggregation.mode(),
+            Stateful::Dedupe(_) => OutputMode::Append,
+        })
     }
 
-    pub(crate) fn aggregation(&mut self) -> Option<&mut Aggregation> {
-        self.stateful.as_mut().map(|s| &mut s.aggregation)
+    /// Its stateful operator, as the executor's checkpoint sees it.
+    pub(crate) fn stateful_operator(&mut self) -> Option<&mut dyn StatefulOperator<SqlError>> {
+        self.stateful.as_mut().map(|s| match s {
+            Stateful::Aggregate(a) => &mut a.aggregation as &mut dyn StatefulOperator<SqlError>,
+            Stateful::Dedupe(d) => &mut d.dedupe as &mut dyn StatefulOperator<SqlError>,
+        })
     }
 
-    /// How many partitions the aggregation's state is split into.
+    /// How many partitions the state is split into.
     pub fn state_partitions(&self) -> u32 {
-        self.stateful
-            .as_ref()
-            .map_or(1, |s| s.aggregation.partitions())
+        match &self.stateful {
+            Some(Stateful::Aggregate(a)) => a.aggregation.partitions(),
+            Some(Stateful::Dedupe(d)) => StatefulOperator::<SqlError>::partitions(&d.dedupe),
+            None => 1,
+        }
     }
 
-    /// Ends a batch of a query that aggregates: the rows its output mode emits
-    /// under `watermark_ms`, through the plan above the aggregate.
+    /// Begins a batch of a query that keeps state, under `watermark_ms`.
+    pub(crate) fn begin_batch(&mut self, watermark_ms: i64) -> Result<(), SqlError> {
+        match &mut self.stateful {
+            Some(Stateful::Aggregate(a)) => a.aggregation.begin()?,
+            Some(Stateful::Dedupe(d)) => d.dedupe.begin(watermark_ms),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Counts `rows` input rows dropped as later than the watermark.
+    pub(crate) fn dropped(&mut self, rows: u64) {
+        match &mut self.stateful {
+            Some(Stateful::Aggregate(a)) => a.aggregation.dropped(rows),
+            Some(Stateful::Dedupe(d)) => d.dedupe.dropped(rows as usize),
+            None => {}
+        }
+    }
+
+    /// Hands a stateful query the rows [`StreamQuery::run`] made of a chunk;
+    /// returns what it emits at once: an aggregation's groups wait for the
+    /// batch's end, a deduplication's first rows do not.
+    pub(crate) fn update(&mut self, rows: &[RecordBatch]) -> Result<Vec<RecordBatch>, SqlError> {
+        let mut emitted = Vec::new();
+        match &mut self.stateful {
+            Some(Stateful::Aggregate(a)) => {
+                for batch in rows {
+                    a.aggregation.update(batch)?;
+                }
+            }
+            Some(Stateful::Dedupe(d)) => {
+                for batch in rows {
+                    let kept = d.keep(batch)?;
+                    if kept.num_rows() > 0 {
+                        emitted.push(kept);
+                    }
+                }
+            }
+            None => emitted.extend(rows.iter().cloned()),
+        }
+        Ok(emitted)
+    }
+
+    /// Ends a batch of a query that keeps state: the rows its output mode
+    /// emits under `watermark_ms`, through the plan above the aggregate; a
+    /// deduplication forgets the keys the watermark passed.
     pub(crate) async fn finish_batch(
         &mut self,
         watermark_ms: i64,
     ) -> Result<Vec<RecordBatch>, SqlError> {
-        let Some(stateful) = self.stateful.as_mut() else {
-            return Ok(Vec::new());
+        let stateful = match self.stateful.as_mut() {
+            Some(Stateful::Aggregate(a)) => a,
+            Some(Stateful::Dedupe(d)) => {
+                d.dedupe.finish()?;
+                return Ok(Vec::new());
+            }
+            None => return Ok(Vec::new()),
         };
         let mut emitted = stateful.aggregation.finish(watermark_ms)?;
         emitted.retain(|batch| batch.num_rows() > 0);
@@ -568,15 +621,6 @@ fn only_one_select(sql: &str) -> Result<(), SqlError> {
             "a query is one SELECT",
             "keep one SELECT, without a trailing semicolon and a second statement",
         )),
-    }
-}
-
-/// A refusal of a construct that needs the whole stream, or state.
-fn refused(what: &str, why: &str, instead: &str) -> SqlError {
-    SqlError::Refused {
-        what: what.to_owned(),
-        why: why.to_owned(),
-        instead: instead.to_owned(),
     }
 }
 

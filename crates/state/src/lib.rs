@@ -8,12 +8,14 @@
 //! its output mode names and freeing what the watermark closed; the new version
 //! becomes the committed one once the executor has made it durable. Its deltas
 //! and snapshots are encoded by [`encode`] and read back by [`decode`], which
-//! names a damaged file or one written by another query.
+//! names a damaged file or one written by another query. [`Dedupe`] keeps
+//! the keys a keyed deduplication has seen, each until the watermark passes.
 //!
 //! [`GroupsAccumulator`]: datafusion::logical_expr::GroupsAccumulator
 
 mod block;
 mod chunks;
+mod dedupe;
 mod error;
 mod file;
 mod finish;
@@ -23,6 +25,7 @@ mod operator;
 mod time;
 
 pub use block::StateStats;
+pub use dedupe::{Dedupe, DedupeStats};
 pub use error::StateError;
 pub use file::{Encoder, decode, encode};
 pub use groups::{

@@ -78,6 +78,7 @@ impl<E: From<StateError>> StatefulOperator<E> for Aggregation {
             rows_dropped_by_watermark: stats.rows_dropped_by_watermark,
             memory_used_bytes: stats.memory_used_bytes,
             batch_memory_bytes: stats.batch_memory_bytes,
+            custom_metrics: Vec::new(),
         }
     }
 }

@@ -256,6 +256,18 @@ where
             .iter()
             .map(|operator| {
                 let s = operator.stats();
+                let mut custom_metrics = BTreeMap::from([
+                    ("stateFileBytes".to_owned(), state.bytes),
+                    ("commitTimeMicros".to_owned(), state.micros),
+                    ("encodeTimeMicros".to_owned(), state.encode_micros),
+                    ("snapshotTimeMicros".to_owned(), state.snapshot_micros),
+                    ("snapshotFileBytes".to_owned(), state.snapshot_bytes),
+                ]);
+                custom_metrics.extend(
+                    s.custom_metrics
+                        .iter()
+                        .map(|(name, value)| ((*name).to_owned(), *value)),
+                );
                 StateOperatorProgress {
                     operator_name: s.name,
                     num_rows_total: s.rows_total,
@@ -266,13 +278,7 @@ where
                     batch_memory_bytes: s.batch_memory_bytes,
                     commit_time_ms: state.micros / 1000,
                     num_state_store_instances: 1,
-                    custom_metrics: BTreeMap::from([
-                        ("stateFileBytes".to_owned(), state.bytes),
-                        ("commitTimeMicros".to_owned(), state.micros),
-                        ("encodeTimeMicros".to_owned(), state.encode_micros),
-                        ("snapshotTimeMicros".to_owned(), state.snapshot_micros),
-                        ("snapshotFileBytes".to_owned(), state.snapshot_bytes),
-                    ]),
+                    custom_metrics,
                 }
             })
             .collect()

@@ -75,6 +75,7 @@ impl Processing {
         sluice_sql::QueryOptions {
             output_mode: self.output_mode,
             watermark_column: self.watermark.as_ref().map(|(column, _)| column.clone()),
+            watermark_delay_ms: self.watermark.as_ref().map(|(_, delay)| *delay),
             max_state_rows: self.max_state_rows,
             state_partitions: self.state_partitions,
             state_memory_bytes: Some(self.state_memory_bytes.get()),
