@@ -5,15 +5,22 @@
 //! the selected columns and the event time; [`sluice_state::Dedupe`] then keeps
 //! the rows whose key it has not seen, and they are the query's output at once
 //! (append mode). A key is forgotten once the watermark passes its first row's
-//! event time plus the watermark delay.
+//! event time plus the watermark delay. Flink's idiom, `ROW_NUMBER() OVER
+//! (PARTITION BY keys ORDER BY ts) = 1`, is rewritten into the same
+//! `DISTINCT ON` ([`row_number_first`]).
 
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{Schema, SchemaRef};
-use datafusion::common::Column;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::logical_expr::{Distinct, DistinctOn, Expr, LogicalPlan, LogicalPlanBuilder};
+use std::collections::HashMap;
+
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, ScalarValue};
+use datafusion::logical_expr::expr::{WindowFunction, WindowFunctionParams};
+use datafusion::logical_expr::{
+    Distinct, DistinctOn, Expr, LogicalPlan, LogicalPlanBuilder, Operator, WindowFunctionDefinition,
+};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use sluice_state::{Dedupe, OutputMode};
@@ -55,6 +62,149 @@ pub(crate) fn distinct_on(plan: &LogicalPlan) -> Result<Option<&DistinctOn>, Sql
         ));
     }
     Ok(None)
+}
+
+/// The query as a `DISTINCT ON`, when it is Flink's deduplication idiom:
+/// `SELECT cols FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY keys ORDER BY
+/// ts) AS rn FROM source) WHERE rn = 1`, ordered by the event-time column
+/// `event_time` ascending, which keeps each key's first row as `DISTINCT ON`
+/// does. `None` when the plan is not that shape.
+pub(crate) fn row_number_first(
+    plan: &LogicalPlan,
+    event_time: Option<&str>,
+) -> Result<Option<LogicalPlan>, SqlError> {
+    let (outer, filter) = match plan {
+        LogicalPlan::Projection(p) => match p.input.as_ref() {
+            LogicalPlan::Filter(f) => (Some(p), f),
+            _ => return Ok(None),
+        },
+        LogicalPlan::Filter(f) => (None, f),
+        _ => return Ok(None),
+    };
+    let below_filter = match filter.input.as_ref() {
+        LogicalPlan::SubqueryAlias(alias) => alias.input.as_ref(),
+        other => other,
+    };
+    let LogicalPlan::Projection(inner) = below_filter else {
+        return Ok(None);
+    };
+    let LogicalPlan::Window(window) = inner.input.as_ref() else {
+        return Ok(None);
+    };
+    let [window_expr] = window.window_expr.as_slice() else {
+        return Ok(None);
+    };
+    let Expr::WindowFunction(function) = window_expr.clone().unalias() else {
+        return Ok(None);
+    };
+    let WindowFunction {
+        fun,
+        params:
+            WindowFunctionParams {
+                args,
+                partition_by,
+                order_by,
+                ..
+            },
+    } = *function;
+    let WindowFunctionDefinition::WindowUDF(udf) = fun else {
+        return Ok(None);
+    };
+    if udf.name() != "row_number" || !args.is_empty() || partition_by.is_empty() {
+        return Ok(None);
+    }
+    // The column the window adds, and the names the inner projection gives it.
+    let window_column = window
+        .schema
+        .field(window.schema.fields().len() - 1)
+        .name()
+        .clone();
+    let mut columns: HashMap<String, Expr> = HashMap::new();
+    let mut rank_names = Vec::new();
+    for (expr, field) in inner.expr.iter().zip(inner.schema.fields()) {
+        let unaliased = expr.clone().unalias();
+        if matches!(&unaliased, Expr::Column(c) if c.name == window_column) {
+            rank_names.push(field.name().clone());
+            columns.insert(
+                field.name().clone(),
+                Expr::Literal(ScalarValue::UInt64(Some(1)), None).alias(field.name()),
+            );
+        } else {
+            columns.insert(field.name().clone(), unaliased);
+        }
+    }
+    if !keeps_only_the_first(&filter.predicate, &rank_names) {
+        return Ok(None);
+    }
+    let ordered_by_event_time = match (order_by.as_slice(), event_time) {
+        ([sort], Some(event_time)) => {
+            sort.asc && matches!(&sort.expr, Expr::Column(c) if c.name == event_time)
+        }
+        _ => false,
+    };
+    if !ordered_by_event_time {
+        return Err(refused(
+            "ROW_NUMBER() = 1 not ordered by the event time ascending",
+            "a stream keeps each key's first row by event time, as it arrives within the \
+             watermark; the last row, or the first in another order, is known only once all of \
+             a key's rows are in",
+            "ORDER BY the event-time column (source.event_time, or timestamp) ascending, with a \
+             watermark",
+        ));
+    }
+    let rename = |expr: &Expr| -> Result<Expr, SqlError> {
+        expr.clone()
+            .transform(|e| match &e {
+                Expr::Column(c) => match columns.get(&c.name) {
+                    Some(inner) => Ok(Transformed::yes(inner.clone().unalias())),
+                    None => Ok(Transformed::no(e)),
+                },
+                _ => Ok(Transformed::no(e)),
+            })
+            .map(|t| t.data)
+            .map_err(|e| SqlError::Internal(format!("planning ROW_NUMBER() = 1: {e}")))
+    };
+    let select_expr = match outer {
+        Some(outer) => outer
+            .expr
+            .iter()
+            .zip(outer.schema.fields())
+            .map(|(e, field)| Ok(rename(&e.clone().unalias())?.alias(field.name())))
+            .collect::<Result<Vec<_>, SqlError>>()?,
+        None => inner
+            .schema
+            .fields()
+            .iter()
+            .map(|field| columns[field.name()].clone().unalias().alias(field.name()))
+            .collect(),
+    };
+    let on = DistinctOn::try_new(partition_by, select_expr, None, window.input.clone())
+        .map_err(|e| SqlError::Internal(format!("planning ROW_NUMBER() = 1: {e}")))?;
+    Ok(Some(LogicalPlan::Distinct(Distinct::On(on))))
+}
+
+/// Whether `predicate` is `rank = 1` (either way round), `rank <= 1` or
+/// `rank < 2` on one of the columns `ranks`.
+fn keeps_only_the_first(predicate: &Expr, ranks: &[String]) -> bool {
+    let Expr::BinaryExpr(binary) = predicate else {
+        return false;
+    };
+    let rank = |e: &Expr| matches!(e, Expr::Column(c) if ranks.contains(&c.name));
+    let number = |e: &Expr| match e {
+        Expr::Literal(value, _) => value.cast_to(&arrow::datatypes::DataType::Int64).ok(),
+        _ => None,
+    };
+    let one = Some(ScalarValue::Int64(Some(1)));
+    let two = Some(ScalarValue::Int64(Some(2)));
+    match binary.op {
+        Operator::Eq => {
+            (rank(&binary.left) && number(&binary.right) == one)
+                || (rank(&binary.right) && number(&binary.left) == one)
+        }
+        Operator::LtEq => rank(&binary.left) && number(&binary.right) == one,
+        Operator::Lt => rank(&binary.left) && number(&binary.right) == two,
+        _ => false,
+    }
 }
 
 /// Plans `on`: the plan below it to run on every chunk, and the deduplication.

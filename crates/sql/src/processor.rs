@@ -834,6 +834,11 @@ mod stateful_tests {
     const DEDUPE: &str = "SELECT DISTINCT ON (user) user, amount * 10 AS tenfold FROM source \
                           WHERE amount > 0";
 
+    /// The same deduplication as Flink's users write it.
+    const FIRST_ROW: &str = "SELECT user, amount * 10 AS tenfold FROM (SELECT *, ROW_NUMBER() \
+                             OVER (PARTITION BY user ORDER BY ts) AS rn FROM source \
+                             WHERE amount > 0) t WHERE rn = 1";
+
     #[tokio::test]
     async fn distinct_on_keeps_a_keys_first_row_until_the_watermark_passes_it() {
         // Each batch's orders (user, amount, second) and the rows it emits.
@@ -854,10 +859,16 @@ mod stateful_tests {
             ),
             (vec![("ann", 9, 23), ("carl", 9, 24)], vec![]),
         ];
+        for sql in [DEDUPE, FIRST_ROW] {
+            let mut p = deduplicating(sql).await;
+            for (id, (rows, expected)) in batches.iter().enumerate() {
+                let (out, _) = run(&mut p, id as u64, rows).await;
+                assert_eq!(out, *expected, "batch {id} of {sql}");
+            }
+        }
         let mut straight = deduplicating(DEDUPE).await;
-        for (id, (rows, expected)) in batches.iter().enumerate() {
-            let (out, _) = run(&mut straight, id as u64, rows).await;
-            assert_eq!(out, *expected, "batch {id}");
+        for (id, (rows, _)) in batches.iter().enumerate() {
+            run(&mut straight, id as u64, rows).await;
         }
         let stats = &straight.state_progress()[0];
         assert_eq!(stats.name, "dedupeWithinWatermark");
@@ -880,6 +891,22 @@ mod stateful_tests {
             late += p.state_progress()[0].rows_dropped_by_watermark;
         }
         assert_eq!(late, 1);
+    }
+
+    #[tokio::test]
+    async fn the_first_row_idiom_keeps_its_rank_column() {
+        let sql = "SELECT * FROM (SELECT user, amount, ROW_NUMBER() OVER (PARTITION BY user \
+                   ORDER BY ts ASC) AS rn FROM source) t WHERE 1 = rn";
+        let mut p = deduplicating(sql).await;
+        let (out, _) = run(&mut p, 0, &[("ann", 5, 1), ("ann", 6, 2), ("bob", 1, 2)]).await;
+        assert_eq!(out, ["ann 5 1", "bob 1 1"]);
+        let names: Vec<String> = p
+            .output_schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, ["user", "amount", "rn"]);
     }
 
     #[tokio::test]
@@ -917,6 +944,16 @@ mod stateful_tests {
                 "SELECT DISTINCT ON (user) user, n, ts FROM \
                  (SELECT user, count(*) AS n, max(ts) AS ts FROM source GROUP BY user)",
                 "DISTINCT ON over an aggregation",
+            ),
+            (
+                "SELECT user FROM (SELECT user, ROW_NUMBER() OVER (PARTITION BY user \
+                 ORDER BY ts DESC) AS rn FROM source) t WHERE rn = 1",
+                "ROW_NUMBER() = 1 not ordered by the event time ascending",
+            ),
+            (
+                "SELECT user FROM (SELECT user, ROW_NUMBER() OVER (PARTITION BY user \
+                 ORDER BY ts) AS rn FROM source) t WHERE rn = 2",
+                "a window function (OVER)",
             ),
         ] {
             let err = StreamQuery::plan_with(sql, "source", decoder.schema(), &options)

@@ -151,6 +151,9 @@ impl StreamQuery {
             .create_logical_plan(&sql)
             .await
             .map_err(|e| planning_error(e, table))?;
+        let logical =
+            crate::dedupe::row_number_first(&logical, options.watermark_column.as_deref())?
+                .unwrap_or(logical);
         refuse_what_streams_cannot_do(&logical)?;
         if let Some(on) = crate::dedupe::distinct_on(&logical)? {
             let (plan, dedupe) = crate::dedupe::plan(&ctx, on, options).await?;
@@ -648,7 +651,9 @@ fn refuse_what_streams_cannot_do(plan: &LogicalPlan) -> Result<(), SqlError> {
             LogicalPlan::Window(_) => Some(refused(
                 "a window function (OVER)",
                 "it needs rows from across batches",
-                "project and filter rows here",
+                "project and filter rows here; to keep each key's first row, write SELECT \
+                 DISTINCT ON (key) or ROW_NUMBER() OVER (PARTITION BY key ORDER BY the event \
+                 time) = 1 as the outermost filter",
             )),
             LogicalPlan::Subquery(_) => Some(refused(
                 "a subquery",
@@ -707,7 +712,9 @@ fn refused_expression(expr: &Expr) -> Option<SqlError> {
         Expr::WindowFunction(_) => Some(refused(
             "a window function (OVER)",
             "it needs rows from across batches",
-            "project and filter rows here",
+            "project and filter rows here; to keep each key's first row, write SELECT \
+             DISTINCT ON (key) or ROW_NUMBER() OVER (PARTITION BY key ORDER BY the event \
+             time) = 1 as the outermost filter",
         )),
         Expr::ScalarSubquery(_) | Expr::InSubquery(_) | Expr::Exists(_) => Some(refused(
             "a subquery",
