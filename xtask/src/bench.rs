@@ -86,6 +86,15 @@ const ORDER_SCHEMA: &str = "order BIGINT, customer STRING, amount DOUBLE, note S
 const ORDER_QUERY: &str = "SELECT order, upper(customer) AS customer, amount * 2 AS doubled, \
                            partition, offset FROM source WHERE amount > 500";
 
+/// Keyed deduplication within the watermark, over the events: a key is a
+/// user's number and the event's 10-second window, which is each event's own,
+/// but every tenth event takes the key of the event before it (the user
+/// before, in the same window), so 10% of the rows are duplicates.
+const DEDUPE_QUERY: &str = "SELECT DISTINCT ON (CAST(substr(user, 2) AS BIGINT) - CASE WHEN \
+                            amount % 10 = 0 AND user <> 'u00000' THEN 1 ELSE 0 END, \
+                            date_bin(INTERVAL '10' SECOND, ts, TIMESTAMP '1970-01-01 00:00:00')) \
+                            user, ts, amount FROM source";
+
 /// The events of `bench_tool events`: a user, an event time and an amount.
 const EVENT_SCHEMA: &str = "user STRING, ts TIMESTAMP, amount BIGINT";
 
@@ -168,6 +177,21 @@ fn configurations() -> Vec<Configuration> {
             "json+watermark",
             WINDOWED_QUERY,
             // Many batches, so that state moves from batch to batch.
+            Some(100_000),
+        ),
+        (
+            "sql, json + keyed dedupe (DISTINCT ON), 10% duplicates, discard",
+            false,
+            "events",
+            DEDUPE_QUERY,
+            Some(100_000),
+        ),
+        (
+            // The same decoding without the deduplication: what it costs.
+            "sql, json events without dedupe, the same columns, discard",
+            false,
+            "events",
+            "SELECT user, ts, amount FROM source",
             Some(100_000),
         ),
         (

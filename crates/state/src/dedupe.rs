@@ -24,6 +24,10 @@ use crate::groups::{OP_REMOVE, OP_WRITE};
 use crate::keys::{KeyHasher, Keys};
 use crate::{Encoder, StateError, decode, partition_of};
 
+/// The most rows a state file's table holds: a snapshot of many keys is
+/// written a table at a time.
+const ROWS_PER_TABLE: usize = 64 * 1024;
+
 /// A forgotten key's expiry: it is absent, and its slot waits to be compacted
 /// away or taken again by the same key.
 const FORGOTTEN: i64 = i64::MIN;
@@ -69,6 +73,9 @@ pub struct DedupeStats {
     pub late_dropped: u64,
     /// Bytes the keys take in memory.
     pub memory_bytes: u64,
+    /// The most the batch's own structures held beside the committed keys:
+    /// its new keys and its delta, which a memory budget plans batches by.
+    pub batch_memory_bytes: u64,
 }
 
 impl Dedupe {
@@ -148,6 +155,11 @@ impl Dedupe {
             .converter
             .convert_columns(keys)
             .map_err(|e| internal("keys of the deduplication", e))?;
+        if self.new_keys.len() == 0 {
+            // A batch's first rows are mostly new keys: room for them at once.
+            let bytes = rows.size().min(rows.num_rows() * 64);
+            self.new_keys.reserve(&self.hasher, rows.num_rows(), bytes);
+        }
         let mut keep = Vec::with_capacity(rows.num_rows());
         for (row, key) in rows.iter().enumerate() {
             let key = key.as_ref();
@@ -229,7 +241,13 @@ impl Dedupe {
                 .iter()
                 .map(|&n| (self.keys.key(n), OP_REMOVE, 0)),
         );
-        let delta = self.files(changes)?;
+        let delta = self.files(changes.into_iter())?;
+        self.stats.batch_memory_bytes = (self.new_keys.memory_size()
+            + self.new_expires.capacity() * size_of::<i64>()
+            + self.renewed.allocation_size()
+            + self.removed.capacity() * size_of::<u32>()
+            + delta.iter().map(Vec::len).sum::<usize>())
+            as u64;
         self.delta = Some(delta);
         let revived = self
             .renewed
@@ -258,6 +276,9 @@ impl Dedupe {
         }
         self.live -= self.removed.len();
         let new_keys = std::mem::take(&mut self.new_keys);
+        let new_bytes: usize = new_keys.iter().map(<[u8]>::len).sum();
+        self.keys.reserve(&self.hasher, new_keys.len(), new_bytes);
+        self.expires.reserve(new_keys.len());
         for (key, &expires) in new_keys.iter().zip(&self.new_expires) {
             let hash = self.hasher.hash(key);
             self.keys.push_fitting(&self.hasher, hash, key);
@@ -314,21 +335,35 @@ impl Dedupe {
         Arc::new(Schema::new(fields))
     }
 
-    /// One file per partition of `changes` (key in row format, op, expiry).
-    fn files(&self, changes: Vec<(&[u8], i8, i64)>) -> Result<Vec<Vec<u8>>, StateError> {
-        let mut parts: Vec<Vec<(&[u8], i8, i64)>> = vec![Vec::new(); self.partitions as usize];
+    /// One file per partition of `changes` (key in row format, op, expiry),
+    /// each written a table of at most [`ROWS_PER_TABLE`] rows at a time, so
+    /// that a snapshot of many keys is never one table in memory.
+    fn files<'a>(
+        &self,
+        changes: impl Iterator<Item = (&'a [u8], i8, i64)>,
+    ) -> Result<Vec<Vec<u8>>, StateError> {
+        let schema = self.file_schema();
+        let partitions = self.partitions as usize;
+        let mut files = (0..partitions)
+            .map(|_| Encoder::new(&schema))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut written = vec![false; partitions];
+        let mut pending: Vec<Vec<(&[u8], i8, i64)>> = vec![Vec::new(); partitions];
         for change in changes {
-            parts[partition_of(change.0, self.partitions) as usize].push(change);
+            let part = partition_of(change.0, self.partitions) as usize;
+            pending[part].push(change);
+            if pending[part].len() == ROWS_PER_TABLE {
+                files[part].write(&self.table(&pending[part])?)?;
+                pending[part].clear();
+                written[part] = true;
+            }
         }
-        parts
-            .into_iter()
-            .map(|part| {
-                let table = self.table(&part)?;
-                let mut file = Encoder::new(&self.file_schema())?;
-                file.write(&table)?;
-                file.finish()
-            })
-            .collect()
+        for ((file, rest), written) in files.iter_mut().zip(&pending).zip(written) {
+            if !rest.is_empty() || !written {
+                file.write(&self.table(rest)?)?;
+            }
+        }
+        files.into_iter().map(Encoder::finish).collect()
     }
 
     fn table(&self, changes: &[(&[u8], i8, i64)]) -> Result<RecordBatch, StateError> {
@@ -355,8 +390,7 @@ impl Dedupe {
             .iter()
             .zip(&self.expires)
             .filter(|(_, at)| **at != FORGOTTEN)
-            .map(|(key, &at)| (key, OP_WRITE, at))
-            .collect();
+            .map(|(key, &at)| (key, OP_WRITE, at));
         self.files(held)
     }
 
@@ -480,7 +514,7 @@ impl<E: From<StateError>> StatefulOperator<E> for Dedupe {
             rows_removed: stats.keys_removed,
             rows_dropped_by_watermark: stats.late_dropped,
             memory_used_bytes: stats.memory_bytes,
-            batch_memory_bytes: 0,
+            batch_memory_bytes: stats.batch_memory_bytes,
             custom_metrics: vec![("numDroppedDuplicateRows", stats.duplicates_dropped)],
         }
     }
@@ -555,6 +589,7 @@ mod tests {
         assert_eq!(d.stats().keys, 3);
         assert_eq!(batch(&mut d, 50, &[a, b], &[105, 120]), [false, false]);
         assert_eq!(d.stats().duplicates_dropped, 2);
+        assert!(d.stats().batch_memory_bytes > 0);
         d.commit();
         // "a" expires at 110: held under a watermark of 110, forgotten past it.
         assert_eq!(batch(&mut d, 110, &[a], &[130]), [false]);
@@ -625,6 +660,27 @@ mod tests {
         let other = Dedupe::new(vec![Field::new("n", DataType::Int64, true)], 10).unwrap();
         let err = StatefulOperator::<StateError>::restore(&mut { other }, &stored).unwrap_err();
         assert!(err.to_string().contains("another query"), "{err}");
+    }
+
+    #[test]
+    fn a_snapshot_of_more_keys_than_a_table_holds_restores_whole() {
+        let mut d = dedupe();
+        let ids: Vec<String> = (0..150_000).map(|i| format!("k{i}")).collect();
+        let all: Vec<Option<&str>> = ids.iter().map(|s| Some(s.as_str())).collect();
+        batch(&mut d, 0, &all, &vec![5; all.len()]);
+        d.commit();
+        let mut restored = dedupe();
+        StatefulOperator::<StateError>::restore(&mut restored, &files(&d, false)).unwrap();
+        assert_eq!(restored.stats().keys, 150_000);
+        assert_eq!(
+            batch(
+                &mut restored,
+                0,
+                &[Some("k149999"), Some("k150000")],
+                &[6, 6]
+            ),
+            [false, true]
+        );
     }
 
     #[test]

@@ -40,6 +40,15 @@ impl Keys {
         }
     }
 
+    /// Makes room for `groups` more groups of `bytes` bytes of keys in all,
+    /// so that adding them does not grow the table step by step.
+    pub(crate) fn reserve(&mut self, hasher: &KeyHasher, groups: usize, bytes: usize) {
+        self.bytes.reserve(bytes);
+        self.ends.reserve(groups);
+        let Keys { bytes, ends, table } = self;
+        table.reserve(groups, |&g| hasher.hash(key_of(bytes, ends, g)));
+    }
+
     /// How many groups.
     pub(crate) fn len(&self) -> usize {
         self.ends.len()
