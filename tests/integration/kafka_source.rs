@@ -702,14 +702,21 @@ async fn a_full_read_ahead_keeps_what_a_fetch_brought_instead_of_fetching_it_aga
 
 /// Reads `topic`'s 4 partitions of `per_partition` records, 40 of each per
 /// batch, with a read-ahead of 64 KiB (16 KiB a partition) and `read_memory`
-/// bytes in all; returns the read amplification once librdkafka's statistics
-/// counted every record.
+/// bytes in all, and `max.partition.fetch.bytes` = `fetch_bytes` when given;
+/// returns the read amplification once librdkafka's statistics counted every
+/// record, and the fetch size the reader learned.
 async fn read_slowly(
     topic: &str,
     per_partition: i64,
     read_memory: usize,
+    fetch_bytes: Option<usize>,
 ) -> (ReadAmplification, Option<u64>) {
     let mut config = subscribe(topic);
+    if let Some(bytes) = fetch_bytes {
+        config
+            .client_options
+            .insert("max.partition.fetch.bytes".to_owned(), bytes.to_string());
+    }
     config.read_ahead_bytes = 64 * 1024;
     config.read_memory_bytes = read_memory;
     config
@@ -770,7 +777,7 @@ async fn record_batches_larger_than_a_share_are_kept_within_the_read_memory() {
 
     // Without memory beyond the read-ahead, each record batch is fetched again
     // for every few batches' records.
-    let (tight, learned) = read_slowly(&topic, per_partition, 64 * 1024).await;
+    let (tight, learned) = read_slowly(&topic, per_partition, 64 * 1024, None).await;
     // The 16 KiB fetches it began with cut the record batches short; it went on
     // reading, exactly, with fetches that hold them.
     assert!(
@@ -783,12 +790,14 @@ async fn record_batches_larger_than_a_share_are_kept_within_the_read_memory() {
     );
     // With room for the rest of each record batch, each record is fetched once,
     // but for what the fetch in flight when a partition pauses brings, which the
-    // pause drops (6.4 times and 1.5 times on the test broker).
-    let (roomy, learned) = read_slowly(&topic, per_partition, 8 * 1024 * 1024).await;
-    assert!(
-        learned.is_some_and(|b| b >= 128 * 1024),
-        "{learned:?} {roomy:?}"
-    );
+    // pause drops (6.4 times and 1.3-1.5 times on the test broker). Learning
+    // the fetch size, above, costs the cut fetches before it (in a CI run
+    // beside the other tests, 2.5 times on every partition), so this read
+    // starts at a size that holds a record batch: what it measures is the read
+    // memory alone.
+    let (roomy, learned) =
+        read_slowly(&topic, per_partition, 8 * 1024 * 1024, Some(256 * 1024)).await;
+    assert_eq!(learned, None, "a configured fetch size is kept");
     assert!(
         roomy.total() < 1.6,
         "with read memory for whole record batches, each record was fetched once: {roomy:?}"
