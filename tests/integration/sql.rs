@@ -649,7 +649,7 @@ sql = """{sql}"""
         (
             json.clone(),
             "SELECT a.order FROM orders a JOIN orders b ON a.order = b.order",
-            "a join cannot run on a stream",
+            "a join of the stream with itself cannot run on a stream",
         ),
         (
             json.clone(),

@@ -110,6 +110,7 @@ fn executor_knows_only_the_traits() {
         "sluice-cassandra-store",
         "sluice-sql",
         "sluice-state",
+        "sluice-tables",
         "sluice-runner",
         "rdkafka",
         "scylla",
@@ -201,6 +202,29 @@ fn the_sql_engine_computes_and_does_no_io() {
                 file.display()
             );
         }
+    }
+}
+
+#[test]
+fn lookup_tables_are_read_by_their_own_edge_for_the_sql_engine() {
+    // The engine defines what a loader is and never reads a file; the files'
+    // crate implements it and knows nothing of Kafka, Cassandra or the loop.
+    for dep in dependencies(&manifest_of("sluice-tables")) {
+        assert!(
+            !dep.starts_with("sluice-") || dep == "sluice-sql",
+            "sluice-tables implements sluice-sql's TableLoader and may depend on it only among \
+             our crates, not on {dep}"
+        );
+        assert!(
+            !["rdkafka", "scylla", "datafusion"].contains(&dep.as_str()),
+            "sluice-tables reads files into Arrow, so it must not depend on {dep}"
+        );
+    }
+    for dep in dependencies(&manifest_of("sluice-sql")) {
+        assert_ne!(
+            dep, "parquet",
+            "sluice-sql reads no file, so it needs no Parquet reader"
+        );
     }
 }
 
@@ -342,7 +366,7 @@ fn the_edges_make_one_attempt_per_call_and_leave_retries_to_the_executor() {
     // A client that retries inside the executor's retry multiplies the waits:
     // the source's own retries once made an unreachable cluster take 23
     // minutes to give up. A wait in an edge crate is backpressure, said so.
-    for krate in ["kafka", "checkpoint-fs", "cassandra-store"] {
+    for krate in ["kafka", "checkpoint-fs", "cassandra-store", "tables"] {
         for file in rust_files(&root().join("crates").join(krate).join("src")) {
             let text = fs::read_to_string(&file).expect("readable source");
             let lines: Vec<&str> = text.lines().collect();

@@ -56,8 +56,8 @@ pub use memory::{
 pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
 pub use planning::Reach;
 pub use processor::{
-    BadRecordPolicy, ERROR_HEADER, EventTime, EventTimeStats, PassThrough, Processed, Processor,
-    encode_state, next_watermark_ms, wants_batch_without_data,
+    BadRecordPolicy, ERROR_HEADER, EventTime, EventTimeStats, LookupStats, PassThrough, Processed,
+    Processor, encode_state, next_watermark_ms, wants_batch_without_data,
 };
 pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
 pub use record::{Header, Record, TimestampType};

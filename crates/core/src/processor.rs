@@ -93,6 +93,31 @@ pub trait Processor: Send {
 
     /// Its event-time clock; `None` when the query has no event time.
     fn event_time(&mut self) -> Option<&mut dyn EventTime>;
+
+    /// The lookup tables it joins with, and the version of each the last
+    /// batch joined with. Empty when it has none.
+    fn lookup_tables(&self) -> Vec<LookupStats>;
+}
+
+/// A lookup table as the progress report shows it: the version a batch joined
+/// with, its size, and how its reloads went.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LookupStats {
+    /// The table's name in the query.
+    pub name: String,
+    /// Which version is in force, as its loader describes it (the files'
+    /// modification times, a row count).
+    pub version: String,
+    /// Its rows.
+    pub rows: u64,
+    /// What its rows take in memory.
+    pub memory_bytes: u64,
+    /// How many times a changed table was read again and put in force.
+    pub reloads: u64,
+    /// How many reloads failed, leaving the last good version in force.
+    pub failed_reloads: u64,
+    /// Why the last failed reload failed.
+    pub last_error: Option<String>,
 }
 
 /// The event time of a query with a watermark, as Spark's
@@ -197,6 +222,10 @@ impl Processor for PassThrough {
 
     fn event_time(&mut self) -> Option<&mut dyn EventTime> {
         None
+    }
+
+    fn lookup_tables(&self) -> Vec<LookupStats> {
+        Vec::new()
     }
 
     async fn process(

@@ -1,11 +1,16 @@
 //! Errors that stop a query, typed by what failed, so that the runner can
 //! choose an exit code without guessing.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sluice_core::{DataLoss, Inconsistency, Offset, TopicPartition};
+use sluice_core::{
+    DataLoss, DataLossDecision, ERROR_HEADER, Inconsistency, Offset, OffsetBounds,
+    PartitionOffsets, RecordChunk, TopicPartition, apply_data_loss_policy, classify_batch,
+};
 
 use crate::GaveUp;
+use crate::retry::Tries;
 
 /// Why a query stopped. `S`, `T`, `P`, `K` and `D` are the errors of the
 /// source, the offset store, the processor, the sink and the dead letters.
@@ -157,5 +162,83 @@ impl std::fmt::Display for Retried {
             self.elapsed.as_secs_f64(),
             self.why
         )
+    }
+}
+
+/// The error for the first of `bad`'s records, with the reason its header gives.
+pub(crate) fn first_bad_record<S, T, P, K, D>(bad: &RecordChunk) -> ExecutorError<S, T, P, K, D>
+where
+    S: std::error::Error + 'static,
+    T: std::error::Error + 'static,
+    P: std::error::Error + 'static,
+    K: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
+    let record = bad.iter().next();
+    ExecutorError::BadRecord {
+        topic_partition: record.map_or_else(
+            || TopicPartition::new("?", 0),
+            |r| TopicPartition::new(r.topic(), r.partition()),
+        ),
+        offset: record.map_or(sluice_core::Offset::ZERO, |r| r.offset()),
+        reason: record
+            .and_then(|r| r.headers().find(|(name, _)| *name == ERROR_HEADER))
+            .and_then(|(_, value)| value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_else(|| "no reason given".to_owned()),
+    }
+}
+
+pub(crate) fn gave_up<S, T, P, K, D>(
+    tries: &Tries,
+    why: GaveUp,
+    last: Option<ExecutorError<S, T, P, K, D>>,
+) -> ExecutorError<S, T, P, K, D>
+where
+    S: std::error::Error + 'static,
+    T: std::error::Error + 'static,
+    P: std::error::Error + 'static,
+    K: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
+    ExecutorError::GaveUp {
+        retried: Retried {
+            what: tries.what(),
+            attempts: tries.attempts(),
+            elapsed: tries.elapsed(),
+            why,
+        },
+        last: last.map(Box::new),
+    }
+}
+
+/// Classifies what `from` lost against the partitions' bounds and applies
+/// the policy: stop with the losses, or skip ahead past them (moving `from`)
+/// and return them for the progress report.
+pub(crate) fn data_loss<S, T, P, K, D>(
+    from: &mut PartitionOffsets,
+    partitions: &BTreeMap<TopicPartition, OffsetBounds>,
+    fail_on_data_loss: bool,
+) -> Result<Vec<DataLoss>, ExecutorError<S, T, P, K, D>>
+where
+    S: std::error::Error + 'static,
+    T: std::error::Error + 'static,
+    P: std::error::Error + 'static,
+    K: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
+    let losses = classify_batch(from, partitions);
+    match apply_data_loss_policy(from, losses, fail_on_data_loss) {
+        DataLossDecision::None => Ok(Vec::new()),
+        DataLossDecision::Fail(losses) => Err(ExecutorError::DataLoss(losses)),
+        DataLossDecision::Skip(losses) => {
+            for loss in &losses {
+                tracing::warn!(
+                    lost_offsets = loss.lost_offsets(),
+                    "{loss}; skipping ahead because fail_on_data_loss is false"
+                );
+            }
+            Ok(losses)
+        }
     }
 }

@@ -36,8 +36,8 @@ mod trigger;
 pub use error::{ExecutorError, Retried};
 pub use group::{Generations, GroupErrorOf, GroupQuery, GroupQueryError, GroupSummary};
 pub use progress::{
-    DurationMs, GroupProgress, MemoryProgress, QueryProgress, SinkProgress, SourceProgress,
-    StateOperatorProgress,
+    DurationMs, GroupProgress, LookupTableProgress, MemoryProgress, QueryProgress, SinkProgress,
+    SourceProgress, StateOperatorProgress,
 };
 pub use query::{DEFAULT_POLLING_DELAY, Query, QueryError, QueryOptions, QueryStore, RunSummary};
 pub use retry::{GaveUp, RetryPolicy};

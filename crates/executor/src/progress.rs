@@ -44,6 +44,10 @@ pub struct QueryProgress {
     /// stateless query and a replay. Not in Spark's reports.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryProgress>,
+    /// The lookup tables the batch joined with, each in the version it
+    /// joined; absent for a query without. Not in Spark's reports.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lookup_tables: Vec<LookupTableProgress>,
     /// The one source.
     pub sources: Vec<SourceProgress>,
     /// The sink.
@@ -52,6 +56,42 @@ pub struct QueryProgress {
     /// partitions; absent outside group mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupProgress>,
+}
+
+/// A lookup table as a batch joined with it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LookupTableProgress {
+    /// Its name in the query.
+    pub name: String,
+    /// The version the batch joined with, as its loader describes it (for a
+    /// file: how many files, their bytes and the newest modification time).
+    pub version: String,
+    /// Its rows.
+    pub num_rows: u64,
+    /// What its rows take in memory.
+    pub memory_used_bytes: u64,
+    /// How many times it was read again after a change, since the start.
+    pub num_reloads: u64,
+    /// How many reloads failed since the start, leaving the last good version.
+    pub num_failed_reloads: u64,
+    /// Why the last failed reload failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl From<sluice_core::LookupStats> for LookupTableProgress {
+    fn from(stats: sluice_core::LookupStats) -> LookupTableProgress {
+        LookupTableProgress {
+            name: stats.name,
+            version: stats.version,
+            num_rows: stats.rows,
+            memory_used_bytes: stats.memory_bytes,
+            num_reloads: stats.reloads,
+            num_failed_reloads: stats.failed_reloads,
+            last_error: stats.last_error,
+        }
+    }
 }
 
 /// How the memory budget (`[query] state_memory_mb`) sized a batch.
@@ -516,6 +556,7 @@ mod tests {
             event_time: None,
             state_operators: Vec::new(),
             memory: None,
+            lookup_tables: Vec::new(),
             sources: vec![SourceProgress {
                 description: "KafkaV2[Subscribe[events]]".into(),
                 start_offset: serde_json::json!({"events": {"0": 0, "1": 0}}),

@@ -6,22 +6,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_core::{
     BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, BatchSizing,
-    DataLoss, DataLossDecision, ERROR_HEADER, MemoryBudget, MinOffsetsPerTrigger, OffsetBounds,
-    OffsetRange, OffsetStore, PartitionOffsets, PassThrough, Processed, Processor, Reach,
-    RecordChunk, Recovery, Sink, Source, StartingOffsets, StateStore, TopicPartition, Writes,
-    apply_data_loss_policy, classify_batch, next_watermark_ms, purge_due, rate_limit,
-    should_run_batch, snapshot_due, wants_batch_without_data,
+    DataLoss, MemoryBudget, MinOffsetsPerTrigger, OffsetBounds, OffsetRange, OffsetStore,
+    PartitionOffsets, PassThrough, Processed, Processor, Reach, RecordChunk, Recovery, Sink,
+    Source, StartingOffsets, StateStore, TopicPartition, Writes, next_watermark_ms, purge_due,
+    rate_limit, should_run_batch, snapshot_due, wants_batch_without_data,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::error::{data_loss, first_bad_record, gave_up};
 use crate::progress::{
-    DurationMs, GroupProgress, MemoryProgress, QueryProgress, SinkProgress, SourceProgress,
-    event_time_entry, offsets_value, source_metrics,
+    DurationMs, GroupProgress, LookupTableProgress, MemoryProgress, QueryProgress, SinkProgress,
+    SourceProgress, event_time_entry, offsets_value, source_metrics,
 };
-use crate::retry::{Driver, Failed, GaveUp, Part, Reached, Tries};
+use crate::retry::{Driver, Failed, Part, Reached, Tries};
 use crate::sinks::DiscardSink;
-use crate::{ExecutorError, Retried, RetryPolicy, Trigger};
+use crate::{ExecutorError, RetryPolicy, Trigger};
 
 /// What a query keeps its progress in: an offset store that keeps its state
 /// files too, with one error for both, as both stores of the project do.
@@ -1036,6 +1036,12 @@ where
                 .map(|clock| event_time_entry(&clock.stats())),
             state_operators: Vec::new(),
             memory: None,
+            lookup_tables: self
+                .processor
+                .lookup_tables()
+                .into_iter()
+                .map(LookupTableProgress::from)
+                .collect(),
             sources: vec![SourceProgress {
                 description: self.options.source_description.clone(),
                 start_offset: offsets_value(&planned.plan.start_offsets()),
@@ -1057,84 +1063,6 @@ where
                 num_output_rows: output_rows,
             },
             group: self.options.group.clone(),
-        }
-    }
-}
-
-/// The error for the first of `bad`'s records, with the reason its header gives.
-fn first_bad_record<S, T, P, K, D>(bad: &RecordChunk) -> ExecutorError<S, T, P, K, D>
-where
-    S: std::error::Error + 'static,
-    T: std::error::Error + 'static,
-    P: std::error::Error + 'static,
-    K: std::error::Error + 'static,
-    D: std::error::Error + 'static,
-{
-    let record = bad.iter().next();
-    ExecutorError::BadRecord {
-        topic_partition: record.map_or_else(
-            || TopicPartition::new("?", 0),
-            |r| TopicPartition::new(r.topic(), r.partition()),
-        ),
-        offset: record.map_or(sluice_core::Offset::ZERO, |r| r.offset()),
-        reason: record
-            .and_then(|r| r.headers().find(|(name, _)| *name == ERROR_HEADER))
-            .and_then(|(_, value)| value)
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_else(|| "no reason given".to_owned()),
-    }
-}
-
-fn gave_up<S, T, P, K, D>(
-    tries: &Tries,
-    why: GaveUp,
-    last: Option<ExecutorError<S, T, P, K, D>>,
-) -> ExecutorError<S, T, P, K, D>
-where
-    S: std::error::Error + 'static,
-    T: std::error::Error + 'static,
-    P: std::error::Error + 'static,
-    K: std::error::Error + 'static,
-    D: std::error::Error + 'static,
-{
-    ExecutorError::GaveUp {
-        retried: Retried {
-            what: tries.what(),
-            attempts: tries.attempts(),
-            elapsed: tries.elapsed(),
-            why,
-        },
-        last: last.map(Box::new),
-    }
-}
-
-/// Classifies what `from` lost against the partitions' bounds and applies
-/// the policy: stop with the losses, or skip ahead past them (moving `from`)
-/// and return them for the progress report.
-fn data_loss<S, T, P, K, D>(
-    from: &mut PartitionOffsets,
-    partitions: &BTreeMap<TopicPartition, OffsetBounds>,
-    fail_on_data_loss: bool,
-) -> Result<Vec<DataLoss>, ExecutorError<S, T, P, K, D>>
-where
-    S: std::error::Error + 'static,
-    T: std::error::Error + 'static,
-    P: std::error::Error + 'static,
-    K: std::error::Error + 'static,
-    D: std::error::Error + 'static,
-{
-    let losses = classify_batch(from, partitions);
-    match apply_data_loss_policy(from, losses, fail_on_data_loss) {
-        DataLossDecision::None => Ok(Vec::new()),
-        DataLossDecision::Fail(losses) => Err(ExecutorError::DataLoss(losses)),
-        DataLossDecision::Skip(losses) => {
-            for loss in &losses {
-                tracing::warn!(
-                    lost_offsets = loss.lost_offsets(),
-                    "{loss}; skipping ahead because fail_on_data_loss is false"
-                );
-            }
-            Ok(losses)
         }
     }
 }

@@ -1472,6 +1472,10 @@ impl sluice_core::Processor for PickyProcessor {
     fn event_time(&mut self) -> Option<&mut dyn EventTime> {
         Some(self)
     }
+
+    fn lookup_tables(&self) -> Vec<sluice_core::LookupStats> {
+        Vec::new()
+    }
 }
 
 impl EventTime for PickyProcessor {
@@ -1687,6 +1691,10 @@ impl sluice_core::Processor for CountingProcessor {
 
     fn event_time(&mut self) -> Option<&mut dyn EventTime> {
         None
+    }
+
+    fn lookup_tables(&self) -> Vec<sluice_core::LookupStats> {
+        Vec::new()
     }
 }
 

@@ -9,6 +9,7 @@ mod retry;
 mod scale_out;
 mod sink;
 mod source;
+mod tables;
 mod trigger;
 mod values;
 
@@ -28,6 +29,7 @@ pub use retry::RetrySection;
 pub use scale_out::ScaleOutSection;
 pub use sink::{SinkKind, SinkSection};
 pub use source::{SourceSection, SourceSettings};
+pub use tables::{DEFAULT_TABLE_MEMORY_MB, TableSection, TableSpec};
 pub use trigger::{TriggerSection, TriggerSettings};
 
 /// Overrides `source.bootstrap_servers`.
@@ -63,6 +65,9 @@ pub struct Config {
     /// Several processes share the query through Kafka's consumer group.
     #[serde(default)]
     pub scale_out: ScaleOutSection,
+    /// Lookup tables the query joins its stream with, by name.
+    #[serde(default)]
+    pub tables: std::collections::BTreeMap<String, TableSection>,
 }
 
 /// `[progress]`.
@@ -143,12 +148,19 @@ fn settings(config: Config) -> Result<Settings> {
     let trigger = TriggerSettings::try_from(&config.trigger)?;
     trigger::fit_source(trigger.trigger, &mut source)?;
     let checkpoint = StoreKind::try_from(&config.checkpoint)?;
-    let (processing, dead_letters) = processing::processing(
+    let (mut processing, dead_letters) = processing::processing(
         &config.source,
         config.query,
         config.dead_letter,
         &source.kafka,
     )?;
+    processing.tables = tables::tables(config.tables, &processing.table)?;
+    if !processing.tables.is_empty() && processing.sql.is_none() {
+        anyhow::bail!(
+            "[tables.{}] is declared, but there is no [query] sql to join it with the stream",
+            processing.tables[0].name
+        );
+    }
     let sink = sink::sink(config.sink, &source.kafka, trigger.trigger, &processing)?;
     let retry = sluice_executor::RetryPolicy::try_from(&config.retry)?;
     let scale_out = scale_out::scale_out(

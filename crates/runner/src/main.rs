@@ -37,7 +37,8 @@ use sluice_core::{OffsetStore, PassThrough, Processor, Source, Writes};
 use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, DiscardSink, JsonlSink};
 use sluice_executor::{Query, QueryOptions, QueryProgress, QueryStore};
 use sluice_kafka::{KafkaSink, KafkaSource};
-use sluice_sql::{Decoder, SqlProcessor, StreamQuery};
+use sluice_sql::{Decoder, LookupTable, SqlProcessor, StreamQuery, TableLoader};
+use sluice_tables::FileTable;
 use tokio::sync::watch;
 
 use dead::DeadLetterSink;
@@ -255,26 +256,44 @@ where
 async fn processor(settings: &Settings) -> Result<SqlProcessor, Exit> {
     let processing = &settings.processing;
     let decoder = Decoder::new(processing.format.clone(), settings.kafka.include_headers);
+    let lookups = lookup_tables(&processing.tables).await?;
+    let mut options = processing.query_options();
+    options.lookup_tables = lookups.iter().map(|(table, _)| table.clone()).collect();
     let query = match &processing.sql {
         Some(sql) => Some(
-            StreamQuery::plan_with(
-                sql,
-                &processing.table,
-                decoder.schema(),
-                &processing.query_options(),
-            )
-            .await
-            .map_err(|e| Exit::config(anyhow::Error::new(e).context("query.sql")))?,
+            StreamQuery::plan_with(sql, &processing.table, decoder.schema(), &options)
+                .await
+                .map_err(|e| Exit::config(anyhow::Error::new(e).context("query.sql")))?,
         ),
         None => None,
     };
-    let processor = SqlProcessor::new(decoder, query);
+    let processor = SqlProcessor::new(decoder, query).with_lookups(lookups);
     match &processing.watermark {
         Some((column, delay_ms)) => processor
             .with_watermark(column, *delay_ms)
             .map_err(|e| Exit::config(e.into())),
         None => Ok(processor),
     }
+}
+
+/// The lookup tables of `[tables.*]`, each read once: a table that cannot be
+/// read at the start is a configuration error.
+async fn lookup_tables(
+    specs: &[config::TableSpec],
+) -> Result<Vec<(LookupTable, Box<dyn TableLoader>)>, Exit> {
+    let mut tables = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let at = || format!("[tables.{}]", spec.name);
+        let mut loader = FileTable::open(&spec.path, spec.format.clone(), spec.schema.clone())
+            .map_err(|e| Exit::config(anyhow::Error::new(e).context(at())))?;
+        let table = LookupTable::new(&spec.name, loader.schema(), spec.max_memory_bytes);
+        table
+            .refresh(&mut loader)
+            .await
+            .map_err(|e| Exit::config(anyhow::Error::new(e)))?;
+        tables.push((table, Box::new(loader) as Box<dyn TableLoader>));
+    }
+    Ok(tables)
 }
 
 fn dead_letters(
@@ -717,6 +736,15 @@ mod tests {
                 custom_metrics: Default::default(),
             }],
             memory: None,
+            lookup_tables: vec![sluice_executor::LookupTableProgress {
+                name: "customers".to_owned(),
+                version: "1 file, 120 bytes, modified 2026-12-01T09:00:00.000Z".to_owned(),
+                num_rows: 3,
+                memory_used_bytes: 1024,
+                num_reloads: 1,
+                num_failed_reloads: 0,
+                last_error: None,
+            }],
             sources: vec![SourceProgress {
                 description: "KafkaV2[Subscribe[t]]".to_owned(),
                 start_offset: serde_json::json!({"t": {"0": 0, "1": 0}}),

@@ -101,6 +101,19 @@ pub(crate) fn record_metrics(progress: &QueryProgress) {
         metrics::histogram!("sluice_state_commit_ms", "operator" => name)
             .record(operator.commit_time_ms as f64);
     }
+    // The tables a configuration declares: a label of bounded cardinality.
+    // The reload counts are the table's since the start, hence `absolute`.
+    for table in &progress.lookup_tables {
+        let name = table.name.clone();
+        metrics::gauge!("sluice_lookup_table_rows", "table" => name.clone())
+            .set(table.num_rows as f64);
+        metrics::gauge!("sluice_lookup_table_memory_bytes", "table" => name.clone())
+            .set(table.memory_used_bytes as f64);
+        metrics::counter!("sluice_lookup_table_reloads_total", "table" => name.clone())
+            .absolute(table.num_reloads);
+        metrics::counter!("sluice_lookup_table_failed_reloads_total", "table" => name)
+            .absolute(table.num_failed_reloads);
+    }
     // One member per process, so the label's cardinality is one.
     if let Some(group) = &progress.group {
         let held: usize = group.partitions.values().map(Vec::len).sum();

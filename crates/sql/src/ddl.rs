@@ -395,6 +395,27 @@ fn is_identifier(text: &str) -> bool {
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
 }
 
+/// A column type as Spark's DDL names it, for messages; Arrow's name for a
+/// type the DDL has no word for.
+pub(crate) fn sql_type(data_type: &DataType) -> String {
+    match data_type {
+        DataType::Boolean => "BOOLEAN".to_owned(),
+        DataType::Int8 => "TINYINT".to_owned(),
+        DataType::Int16 => "SMALLINT".to_owned(),
+        DataType::Int32 => "INT".to_owned(),
+        DataType::Int64 => "BIGINT".to_owned(),
+        DataType::Float32 => "FLOAT".to_owned(),
+        DataType::Float64 => "DOUBLE".to_owned(),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => "STRING".to_owned(),
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView => "BINARY".to_owned(),
+        DataType::Date32 => "DATE".to_owned(),
+        DataType::Timestamp(_, Some(_)) => "TIMESTAMP".to_owned(),
+        DataType::Timestamp(_, None) => "TIMESTAMP_NTZ".to_owned(),
+        DataType::Decimal128(p, s) => format!("DECIMAL({p}, {s})"),
+        other => other.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

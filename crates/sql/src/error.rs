@@ -62,6 +62,14 @@ pub enum SqlError {
     /// state_memory_mb`.
     #[error("{0}")]
     StateOverMemory(sluice_state::StateError),
+    /// A lookup table whose rows cannot be read or used.
+    #[error("lookup table {table:?}: {reason}")]
+    Lookup {
+        /// The table's name.
+        table: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A fault of Sluice, not of the input.
     #[error("internal error in the SQL layer: {0}")]
     Internal(String),

@@ -2,6 +2,8 @@
 
 use sluice_state::OutputMode;
 
+use crate::LookupTable;
+
 /// How a query runs, beyond its SQL.
 #[derive(Clone, Debug, Default)]
 pub struct QueryOptions {
@@ -23,6 +25,9 @@ pub struct QueryOptions {
     /// The most bytes an aggregation's state and a batch's own groups may
     /// hold; `None` for no limit.
     pub state_memory_bytes: Option<u64>,
+    /// The lookup tables the query may join its stream with, each under its
+    /// name.
+    pub lookup_tables: Vec<LookupTable>,
 }
 
 /// How many groups an aggregation holds at most unless told otherwise.

@@ -3,22 +3,38 @@
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, SchemaRef};
 use sluice_core::{
-    BatchId, BatchMetadata, ERROR_HEADER, EventTime, EventTimeStats, Processed, Processor,
-    RecordChunk, RecordParts, StatefulOperator,
+    BatchId, BatchMetadata, ERROR_HEADER, EventTime, EventTimeStats, LookupStats, Processed,
+    Processor, RecordChunk, RecordParts, StatefulOperator,
 };
 #[cfg(test)]
 use sluice_core::{StateFile, StateFileKind};
 
-use crate::{BadRecord, Decoder, SqlError, StreamQuery};
+use crate::{BadRecord, Decoder, LookupTable, SqlError, StreamQuery, TableLoader};
 
 /// Decodes each chunk's values and runs the query, if there is one, over them.
 /// Records whose values do not decode are handed back with the reason in an
 /// `sluice.error` header.
-#[derive(Debug)]
 pub struct SqlProcessor {
     decoder: Decoder,
     query: Option<StreamQuery>,
     event_time: Option<Watermark>,
+    /// The query's lookup tables, each asked at the beginning of a batch
+    /// whether it changed.
+    lookups: Vec<(LookupTable, Box<dyn TableLoader>)>,
+}
+
+impl std::fmt::Debug for SqlProcessor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlProcessor")
+            .field("decoder", &self.decoder)
+            .field("query", &self.query)
+            .field("event_time", &self.event_time)
+            .field(
+                "lookups",
+                &self.lookups.iter().map(|(t, _)| t).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 /// The event-time column and the watermark it drives, as Spark's
@@ -110,7 +126,17 @@ impl SqlProcessor {
             decoder,
             query,
             event_time: None,
+            lookups: Vec::new(),
         }
+    }
+
+    /// Reads each lookup table again from its loader when it changed, at the
+    /// beginning of every batch. The tables are the ones the query was planned
+    /// with ([`crate::QueryOptions::lookup_tables`]), with their first version
+    /// loaded.
+    pub fn with_lookups(mut self, lookups: Vec<(LookupTable, Box<dyn TableLoader>)>) -> Self {
+        self.lookups = lookups;
+        self
     }
 
     /// Tracks event time in the decoded `column` (a timestamp), with a watermark
@@ -200,6 +226,11 @@ impl Processor for SqlProcessor {
         if let Some(query) = self.query.as_mut() {
             query.begin_batch(metadata.watermark_ms)?;
         }
+        // A table that fails to load again keeps its last good version, so
+        // that a file half written when the batch began does not stop the query.
+        for (table, loader) in &mut self.lookups {
+            table.refresh(loader.as_mut()).await?;
+        }
         Ok(())
     }
 
@@ -227,6 +258,13 @@ impl Processor for SqlProcessor {
 
     fn event_time(&mut self) -> Option<&mut dyn EventTime> {
         self.event_time.as_mut().map(|w| w as &mut dyn EventTime)
+    }
+
+    fn lookup_tables(&self) -> Vec<LookupStats> {
+        self.lookups
+            .iter()
+            .map(|(table, _)| table.stats())
+            .collect()
     }
 
     async fn process(

@@ -15,7 +15,7 @@ use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::{Expr, LogicalPlan, Volatility};
+use datafusion::logical_expr::{Expr, ExprSchemable, Join, LogicalPlan, Volatility};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
@@ -23,7 +23,9 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
 use crate::SqlError;
+use crate::ddl::sql_type;
 use crate::error::{one_line, refused};
+use crate::lookup::lookup_joins;
 use crate::options::{DEFAULT_MAX_STATE_ROWS, QueryOptions};
 use crate::window::{
     WindowGrouping, WindowKind, is_window_key, rewrite_window_grouping, window_functions,
@@ -143,6 +145,19 @@ impl StreamQuery {
             .map_err(|e| SqlError::Internal(e.to_string()))?;
         ctx.register_table(table, Arc::new(source))
             .map_err(|e| SqlError::Internal(e.to_string()))?;
+        for lookup in &options.lookup_tables {
+            if lookup.name() == table {
+                return Err(SqlError::Plan(format!(
+                    "the lookup table {:?} has the stream's name ([source] table): name one \
+                     of them otherwise",
+                    lookup.name()
+                )));
+            }
+            let scan = StreamingTable::try_new(lookup.schema(), vec![lookup.partition()])
+                .map_err(|e| SqlError::Internal(e.to_string()))?;
+            ctx.register_table(lookup.name(), Arc::new(scan))
+                .map_err(|e| SqlError::Internal(e.to_string()))?;
+        }
 
         only_one_select(sql)?;
         let (sql, grouping) = rewrite_window_grouping(sql)?;
@@ -154,9 +169,10 @@ impl StreamQuery {
         let logical =
             crate::dedupe::row_number_first(&logical, options.watermark_column.as_deref())?
                 .unwrap_or(logical);
-        refuse_what_streams_cannot_do(&logical)?;
+        refuse_what_streams_cannot_do(&logical, table)?;
         if let Some(on) = crate::dedupe::distinct_on(&logical)? {
             let (plan, dedupe) = crate::dedupe::plan(&ctx, on, options).await?;
+            let plan = lookup_joins(plan, &input, &options.lookup_tables)?;
             return Ok(StreamQuery {
                 plan,
                 task: ctx.task_ctx(),
@@ -173,6 +189,7 @@ impl StreamQuery {
             .create_physical_plan()
             .await
             .map_err(|e| planning_error(e, table))?;
+        let plan = lookup_joins(plan, &input, &options.lookup_tables)?;
         let schema = plan.schema();
         let Some(parts) = split_at_aggregate(&plan)? else {
             if options.output_mode == Some(OutputMode::Complete) {
@@ -354,6 +371,14 @@ impl StreamQuery {
         Ok((rows, failed))
     }
 
+    /// The physical plan run on every chunk, as DataFusion shows it.
+    #[cfg(test)]
+    pub(crate) fn explain(&self) -> String {
+        datafusion::physical_plan::displayable(self.plan.as_ref())
+            .indent(false)
+            .to_string()
+    }
+
     async fn run_partitions(&self) -> Result<Vec<RecordBatch>, SqlError> {
         run_plan(&self.plan, &self.task).await
     }
@@ -380,6 +405,20 @@ async fn run_plan(
     Ok(out)
 }
 
+fn stream_aggregates(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<Arc<dyn ExecutionPlan>>) {
+    use datafusion::physical_plan::aggregates::AggregateExec;
+    if plan.is::<AggregateExec>() {
+        out.push(plan.clone());
+    }
+    let children = match plan.downcast_ref::<crate::lookup::LookupJoinExec>() {
+        Some(join) => vec![join.stream()],
+        None => plan.children(),
+    };
+    for child in children {
+        stream_aggregates(child, out);
+    }
+}
+
 /// The plan below the query's aggregate, the aggregate node, and its parts;
 /// `None` when the query does not aggregate.
 type Split = (
@@ -391,12 +430,9 @@ type Split = (
 fn split_at_aggregate(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Split>, SqlError> {
     use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
     let mut aggregates: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
-    let _ = plan.apply(|node| {
-        if node.is::<AggregateExec>() {
-            aggregates.push(node.clone());
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
+    // Only the stream's aggregates: one on a lookup table's side runs whole,
+    // once per version of the table.
+    stream_aggregates(plan, &mut aggregates);
     let Some(top) = aggregates.first().cloned() else {
         return Ok(None);
     };
@@ -629,7 +665,7 @@ fn only_one_select(sql: &str) -> Result<(), SqlError> {
 
 /// Walks the plan and its expressions for what a stateless query over an
 /// unbounded stream cannot do.
-fn refuse_what_streams_cannot_do(plan: &LogicalPlan) -> Result<(), SqlError> {
+fn refuse_what_streams_cannot_do(plan: &LogicalPlan, table: &str) -> Result<(), SqlError> {
     let mut found: Option<SqlError> = None;
     let _ = plan.apply_with_subqueries(|node| {
         let problem = match node {
@@ -643,11 +679,7 @@ fn refuse_what_streams_cannot_do(plan: &LogicalPlan) -> Result<(), SqlError> {
                 "a stream has no end, so LIMIT would stop the query's output for ever",
                 "filter with WHERE instead",
             )),
-            LogicalPlan::Join(_) => Some(refused(
-                "a join",
-                "joining the stream with itself needs state across batches",
-                "compute each side's columns in one SELECT over the source table",
-            )),
+            LogicalPlan::Join(join) => refused_join(join, table),
             LogicalPlan::Window(_) => Some(refused(
                 "a window function (OVER)",
                 "it needs rows from across batches",
@@ -699,6 +731,65 @@ fn refuse_what_streams_cannot_do(plan: &LogicalPlan) -> Result<(), SqlError> {
     }
 }
 
+/// A join of the stream with itself, or keys of two types.
+fn refused_join(join: &Join, table: &str) -> Option<SqlError> {
+    let scans_stream = |plan: &LogicalPlan| {
+        let mut found = false;
+        let _ = plan.apply(|node| {
+            found |=
+                matches!(node, LogicalPlan::TableScan(scan) if scan.table_name.table() == table);
+            Ok(TreeNodeRecursion::Continue)
+        });
+        found
+    };
+    if scans_stream(&join.left) && scans_stream(&join.right) {
+        return Some(refused(
+            "a join of the stream with itself",
+            "joining two streams keeps each side's rows as state until the other side's \
+             match arrives, which Sluice does not do yet",
+            "compute each side's columns in one SELECT over the source table, or join the \
+             stream with a lookup table ([tables.<name>])",
+        ));
+    }
+    let mut pairs: Vec<(Expr, Expr)> = join.on.clone();
+    if let Some(filter) = &join.filter {
+        for conjunct in datafusion::logical_expr::utils::split_conjunction(filter) {
+            if let Expr::BinaryExpr(b) = conjunct
+                && b.op == datafusion::logical_expr::Operator::Eq
+            {
+                pairs.push((b.left.as_ref().clone(), b.right.as_ref().clone()));
+            }
+        }
+    }
+    for (a, b) in pairs {
+        let typed = |e: &Expr| {
+            e.get_type(join.left.schema())
+                .ok()
+                .map(|t| (t, true))
+                .or_else(|| e.get_type(join.right.schema()).ok().map(|t| (t, false)))
+        };
+        let (Some((a_type, a_left)), Some((b_type, b_left))) = (typed(&a), typed(&b)) else {
+            continue;
+        };
+        if a_left != b_left && !comparable(&a_type, &b_type) {
+            let (a_type, b_type) = (sql_type(&a_type), sql_type(&b_type));
+            return Some(SqlError::Plan(format!(
+                "the join key {a} is {a_type} and {b} is {b_type}: cast one side so that both \
+                 are of one type, like CAST({b} AS {a_type})"
+            )));
+        }
+    }
+    None
+}
+
+/// Whether keys of these types may be compared without a cast written out:
+/// numbers with numbers, text with text.
+fn comparable(a: &DataType, b: &DataType) -> bool {
+    let text =
+        |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    a == b || (a.is_numeric() && b.is_numeric()) || (text(a) && text(b))
+}
+
 fn refused_expression(expr: &Expr) -> Option<SqlError> {
     match expr {
         Expr::ScalarFunction(f) if f.func.signature().volatility != Volatility::Immutable => {
@@ -733,12 +824,17 @@ fn planning_error(error: DataFusionError, table: &str) -> SqlError {
         .strip_prefix("Error during planning: ")
         .or_else(|| message.strip_prefix("Schema error: "))
         .unwrap_or(&message)
-        .to_owned();
+        // A query names its tables plainly, without DataFusion's catalog and
+        // schema.
+        .replace("'datafusion.public.", "'");
     match error {
         DataFusionError::SQL(parser, _) => SqlError::Syntax(one_line(&parser.to_string())),
-        _ if message.contains("table '") && message.contains("not found") => SqlError::Plan(
-            format!("{message}; the stream is the table `{table}` ([source] table)"),
-        ),
+        _ if message.contains("table '") && message.contains("not found") => {
+            SqlError::Plan(format!(
+                "{message}; the stream is the table `{table}` ([source] table), and a lookup \
+                 table is declared as [tables.<name>]"
+            ))
+        }
         _ if message.contains("got Binary") => SqlError::Plan(format!(
             "{message}; the Kafka columns `key` and `value` are bytes: read them as text with \
              CAST(value AS STRING), or declare the value's columns with source.format and schema"

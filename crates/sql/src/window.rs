@@ -417,12 +417,29 @@ pub(crate) fn rewrite_window_grouping(
             _ => {}
         }
     }
-    if select.from.len() != 1 || !select.from[0].joins.is_empty() {
-        // A join is refused, with its reason, when the query is planned.
+    if select.from.len() != 1 {
         return Ok((sql.to_owned(), None));
     }
-    let relation = select.from[0].relation.to_string();
-    let alias = table_alias(&select.from[0].relation).ok_or_else(|| crate::SqlError::Refused {
+    // The window is computed on the table whose column it reads: the one its
+    // qualifier names (`o.timestamp` in a join), the first table otherwise.
+    let qualifier = match args.first() {
+        Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::CompoundIdentifier(parts))))
+            if parts.len() == 2 =>
+        {
+            Some(parts[0].value.clone())
+        }
+        _ => None,
+    };
+    let from = &mut select.from[0];
+    let target = std::iter::once(&mut from.relation)
+        .chain(from.joins.iter_mut().map(|j| &mut j.relation))
+        .find(|r| qualifier.is_some() && table_alias(r) == qualifier);
+    let target = match target {
+        Some(target) => target,
+        None => &mut select.from[0].relation,
+    };
+    let relation = target.to_string();
+    let alias = table_alias(target).ok_or_else(|| crate::SqlError::Refused {
         what: "a window over this FROM clause".to_owned(),
         why: "the window is computed on the rows of one named table".to_owned(),
         instead: "name the source table, or a WITH table, in FROM".to_owned(),
@@ -449,7 +466,7 @@ pub(crate) fn rewrite_window_grouping(
             "the window rewrite lost its FROM".to_owned(),
         ));
     };
-    select.from[0] = from;
+    *target = from.relation;
     Ok((statement.to_string(), Some(WindowGrouping { kind, time })))
 }
 

@@ -67,6 +67,8 @@ pub struct Processing {
     pub state_partitions: Option<u32>,
     /// `[query] state_memory_mb`, in bytes.
     pub state_memory_bytes: std::num::NonZeroU64,
+    /// `[tables.*]`, the lookup tables.
+    pub tables: Vec<super::TableSpec>,
 }
 
 impl Processing {
@@ -79,6 +81,9 @@ impl Processing {
             max_state_rows: self.max_state_rows,
             state_partitions: self.state_partitions,
             state_memory_bytes: Some(self.state_memory_bytes.get()),
+            // Read from `tables` when the query is planned, not by the
+            // configuration's checks.
+            lookup_tables: Vec::new(),
         }
     }
 }
@@ -176,6 +181,7 @@ pub(super) fn processing(
         max_state_rows,
         state_partitions,
         state_memory_bytes,
+        tables: Vec::new(),
     };
     Ok((processing, dead_letters))
 }

@@ -301,11 +301,24 @@ async fn the_demo_config_decodes_json_and_plans_its_query() {
     let processing = &settings.processing;
     assert!(matches!(processing.format, sluice_sql::Format::Json(_)));
     let decoder = sluice_sql::Decoder::new(processing.format.clone(), false);
+    let [customers] = processing.tables.as_slice() else {
+        panic!("the demo joins one lookup table: {:?}", processing.tables);
+    };
+    assert_eq!(customers.path.to_str(), Some("examples/demo-customers.csv"));
+    let mut options = processing.query_options();
+    options.lookup_tables = vec![sluice_sql::LookupTable::new(
+        &customers.name,
+        customers
+            .schema
+            .clone()
+            .expect("the demo declares its columns"),
+        customers.max_memory_bytes,
+    )];
     let query = sluice_sql::StreamQuery::plan_with(
         processing.sql.as_deref().expect("the demo has a query"),
         &processing.table,
         decoder.schema(),
-        &processing.query_options(),
+        &options,
     )
     .await
     .unwrap();
@@ -323,6 +336,8 @@ async fn the_demo_config_decodes_json_and_plans_its_query() {
             "window_start",
             "window_end",
             "customer",
+            "country",
+            "tier",
             "orders",
             "revenue"
         ]
@@ -614,4 +629,66 @@ fn a_watermark_delay_tracks_kafkas_timestamp_unless_event_time_names_a_column() 
     );
     assert_eq!(column.watermark, Some(("ts".to_owned(), 120_000)));
     assert_eq!(with("").watermark, None);
+}
+
+#[test]
+fn lookup_tables_are_checked_section_by_section() {
+    let query = "[query]\nsql = \"SELECT 1 AS one FROM source\"\n";
+    let table = |body: &str, query: &str| {
+        parse(&format!("{MINIMAL}\n[tables.customers]\n{body}\n{query}"))
+            .map(|s| s.processing.tables)
+            .map_err(|e| format!("{e:#}"))
+    };
+    let csv = table(
+        "path = \"c.psv\"\nformat = \"csv\"\nschema = \"name STRING\"\nheader = false\n\
+         delimiter = \"|\"\nmax_memory_mb = 8",
+        query,
+    )
+    .unwrap();
+    assert_eq!(
+        csv[0].format,
+        sluice_tables::FileFormat::Csv {
+            header: false,
+            delimiter: b'|'
+        }
+    );
+    assert_eq!(csv[0].max_memory_bytes, 8 << 20);
+    let parquet = table("path = \"d\"\nformat = \"parquet\"", query).unwrap();
+    assert!(parquet[0].schema.is_none());
+    assert_eq!(parquet[0].max_memory_bytes, DEFAULT_TABLE_MEMORY_MB << 20);
+    for (body, query, expected) in [
+        (
+            "path = \"c\"\nformat = \"xml\"",
+            query,
+            "[tables.customers] format must be \"csv\", \"json\" or \"parquet\", not \"xml\"",
+        ),
+        (
+            "path = \"c\"\nformat = \"json\"\nschema = \"a INT\"\nheader = true",
+            query,
+            "header and delimiter apply to format = \"csv\" only",
+        ),
+        (
+            "path = \"c\"\nformat = \"csv\"\nschema = \"a INT\"\ndelimiter = \"||\"",
+            query,
+            "delimiter = \"||\": it must be one ASCII character",
+        ),
+        (
+            "path = \"c\"\nformat = \"csv\"\nschema = \"a INT\"",
+            "",
+            "[tables.customers] is declared, but there is no [query] sql",
+        ),
+        (
+            "path = \"c\"\nformat = \"csv\"\nschema = \"a NUMBER\"",
+            query,
+            "[tables.customers] schema",
+        ),
+        (
+            "path = \"c\"\nformat = \"csv\"\nschema = \"a INT\"\nsheet = 1",
+            query,
+            "unknown field `sheet`",
+        ),
+    ] {
+        let error = table(body, query).unwrap_err();
+        assert!(error.contains(expected), "{expected}: {error}");
+    }
 }
