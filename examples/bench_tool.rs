@@ -13,6 +13,9 @@
 //!   users), `ts` and `amount`, each user once in every 10 seconds of event time,
 //!   in order of time, so that a count per user per 10-second
 //!   window makes a group of every event. Producer defaults as `fill`'s.
+//! - `lookup <path> <rows>`: a Parquet lookup table of `rows` customers (`id`
+//!   0 to rows - 1, `name`, `segment`, `country`, `score`), snappy-compressed in
+//!   row groups of 128Ki rows as pyarrow writes them, unless the file is there.
 //! - `consume <bootstrap> <topic>`: the baseline, a plain rdkafka consumer reading
 //!   every partition to its end with no processing, with the fetch settings Sluice
 //!   uses; prints JSON figures.
@@ -79,6 +82,7 @@ fn main() -> Result<()> {
                 |n, value| event(n, users, value),
             )
         }
+        ["lookup", path, rows] => lookup_table(std::path::Path::new(path), rows.parse()?),
         ["consume", bootstrap, topic] => consume(bootstrap, topic, None),
         ["pipe", bootstrap, from, to] => consume(bootstrap, from, Some(to)),
         ["create", bootstrap, topic, partitions] => {
@@ -91,7 +95,7 @@ fn main() -> Result<()> {
             "records per second (median), higher is better",
         ),
         ["chart", results, out, title] => chart(results, out, title),
-        _ => bail!("usage: bench_tool fill|consume|create|delete|chart ..."),
+        _ => bail!("usage: bench_tool fill|events|lookup|consume|pipe|create|delete|chart ..."),
     }
 }
 
@@ -274,6 +278,68 @@ fn event(n: u64, users: u64, out: &mut Vec<u8>) {
         second % 60,
         n * 37 % 1000
     );
+}
+
+/// Writes the lookup table of `lookup` to `path`, through a file beside it.
+fn lookup_table(path: &std::path::Path, rows: u64) -> Result<()> {
+    use arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use parquet::basic::Compression;
+    use parquet::file::properties::WriterProperties;
+    use std::sync::Arc;
+
+    if path.exists() {
+        return Ok(());
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, false),
+        Field::new("segment", DataType::Utf8, false),
+        Field::new("country", DataType::Utf8, false),
+        Field::new("score", DataType::Float64, false),
+    ]));
+    let segments = ["retail", "wholesale", "online", "partner", "staff"];
+    let countries = ["GB", "US", "NL", "DE", "FR", "JP", "BR"];
+    let temporary = path.with_extension("tmp");
+    let properties = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(128 * 1024))
+        .build();
+    let mut writer = ArrowWriter::try_new(
+        std::fs::File::create(&temporary)?,
+        schema.clone(),
+        Some(properties),
+    )?;
+    let mut start = 0;
+    while start < rows {
+        let end = (start + 65_536).min(rows);
+        let ids: Vec<i64> = (start as i64..end as i64).collect();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from(ids.clone())),
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter().map(|i| format!("customer-{i:07}")),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter().map(|i| segments[(i % 5) as usize]),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter()
+                        .map(|i| countries[(i * 7 % 7 + i / 7 % 7) as usize % 7]),
+                )),
+                Arc::new(Float64Array::from_iter_values(
+                    ids.iter().map(|i| (i * 37 % 1000) as f64 / 10.0),
+                )),
+            ],
+        )?;
+        writer.write(&batch)?;
+        start = end;
+    }
+    writer.close()?;
+    std::fs::rename(&temporary, path)?;
+    Ok(())
 }
 
 /// Reads every partition of `topic` to its end, and with `to` produces each

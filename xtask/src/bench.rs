@@ -95,6 +95,16 @@ const DEDUPE_QUERY: &str = "SELECT DISTINCT ON (CAST(substr(user, 2) AS BIGINT) 
                             date_bin(INTERVAL '10' SECOND, ts, TIMESTAMP '1970-01-01 00:00:00')) \
                             user, ts, amount FROM source";
 
+/// The events joined with a lookup table of 1,000,000 customers in Parquet: a
+/// key per user and amount's last two digits, so that the events probe the
+/// whole table.
+const LOOKUP_QUERY: &str = "SELECT e.user, e.ts, e.amount, c.name, c.segment, c.country \
+                            FROM source e JOIN customers c \
+                            ON CAST(substr(e.user, 2) AS BIGINT) * 100 + e.amount % 100 = c.id";
+
+/// The rows of the lookup table: 100 per user of the events.
+const LOOKUP_ROWS: u64 = 1_000_000;
+
 /// The events of `bench_tool events`: a user, an event time and an amount.
 const EVENT_SCHEMA: &str = "user STRING, ts TIMESTAMP, amount BIGINT";
 
@@ -192,6 +202,13 @@ fn configurations() -> Vec<Configuration> {
             false,
             "events",
             "SELECT user, ts, amount FROM source",
+            Some(100_000),
+        ),
+        (
+            "sql, json events + lookup join with 1M-row Parquet table, discard",
+            false,
+            "events+lookup",
+            LOOKUP_QUERY,
             Some(100_000),
         ),
         (
@@ -314,7 +331,22 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
                 .is_none_or(|o| c.name.contains(o.as_str()))
         })
         .collect();
-    let on_events = |c: &Configuration| matches!(c.sql, Some(("events", _)));
+    let on_events = |c: &Configuration| matches!(c.sql, Some(("events" | "events+lookup", _)));
+    if chosen
+        .iter()
+        .any(|c| matches!(c.sql, Some(("events+lookup", _))))
+    {
+        fs::create_dir_all(root.join("target").join("bench"))?;
+        let status = Command::new(&tool)
+            .arg("lookup")
+            .arg(lookup_table(root))
+            .arg(LOOKUP_ROWS.to_string())
+            .status()
+            .context("running bench_tool lookup")?;
+        if !status.success() {
+            bail!("writing the lookup table failed");
+        }
+    }
     // Each topic is filled when a chosen configuration reads it.
     if chosen.iter().any(|c| !on_events(c)) {
         let status = Command::new(&tool)
@@ -441,6 +473,13 @@ pub fn bench(root: &Path, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The Parquet lookup table of the lookup join's configuration.
+fn lookup_table(root: &Path) -> PathBuf {
+    root.join("target")
+        .join("bench")
+        .join(format!("customers-{LOOKUP_ROWS}.parquet"))
+}
+
 pub fn slug(name: &str) -> String {
     name.chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
@@ -503,6 +542,17 @@ fn run_once(
                  watermark_delay = \"5s\"\n"
             ),
             format!("[query]\nsql = \"{sql}\"\n"),
+        ),
+        Some(("events+lookup", sql)) => (
+            format!(
+                "format = \"json\"\nschema = \"{EVENT_SCHEMA}\"\nevent_time = \"ts\"\n\
+                 watermark_delay = \"5s\"\n"
+            ),
+            format!(
+                "[tables.customers]\npath = \"{}\"\nformat = \"parquet\"\n\n\
+                 [query]\nsql = \"{sql}\"\n",
+                lookup_table(&crate::workspace_root()).display()
+            ),
         ),
         Some((_, sql)) => (String::new(), format!("[query]\nsql = \"{sql}\"\n")),
     };

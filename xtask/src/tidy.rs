@@ -207,17 +207,19 @@ fn the_sql_engine_computes_and_does_no_io() {
 
 #[test]
 fn lookup_tables_are_read_by_their_own_edge_for_the_sql_engine() {
-    // The engine defines what a loader is and never reads a file; the files'
-    // crate implements it and knows nothing of Kafka, Cassandra or the loop.
+    // The engine defines what a loader is and never reads a file or a
+    // database; the tables' crate implements its loaders, reading files
+    // itself and Cassandra through the crate that speaks Cassandra.
     for dep in dependencies(&manifest_of("sluice-tables")) {
         assert!(
-            !dep.starts_with("sluice-") || dep == "sluice-sql",
-            "sluice-tables implements sluice-sql's TableLoader and may depend on it only among \
-             our crates, not on {dep}"
+            !dep.starts_with("sluice-") || dep == "sluice-sql" || dep == "sluice-cassandra-store",
+            "sluice-tables implements sluice-sql's loaders, over files and sluice-cassandra-store; \
+             it must not depend on {dep}"
         );
         assert!(
             !["rdkafka", "scylla", "datafusion"].contains(&dep.as_str()),
-            "sluice-tables reads files into Arrow, so it must not depend on {dep}"
+            "sluice-tables reads files into Arrow and Cassandra through sluice-cassandra-store, \
+             so it must not depend on {dep}"
         );
     }
     for dep in dependencies(&manifest_of("sluice-sql")) {

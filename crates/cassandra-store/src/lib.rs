@@ -20,6 +20,7 @@ mod connect;
 mod directory;
 mod error;
 mod location;
+mod lookup;
 mod sink;
 mod store;
 
@@ -30,6 +31,7 @@ pub use connect::{
 pub use directory::{CassandraDirectory, PARTITIONS_TABLE};
 pub use error::{CassandraStoreError, DriverError};
 pub use location::CassandraLocation;
+pub use lookup::KeyReader;
 pub use sink::{CassandraSink, CassandraSinkConfig, Field};
 pub use store::{
     CassandraOptions, CassandraStore, InspectedLog, LOG_TABLE, OFFSETS_TABLE, STATE_TABLE,

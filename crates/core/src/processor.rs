@@ -97,6 +97,10 @@ pub trait Processor: Send {
     /// The lookup tables it joins with, and the version of each the last
     /// batch joined with. Empty when it has none.
     fn lookup_tables(&self) -> Vec<LookupStats>;
+
+    /// Whether `error` may go away by itself (a lookup table's store timing
+    /// out), so that the executor's retry policy begins the batch again.
+    fn is_transient(error: &Self::Error) -> bool;
 }
 
 /// A lookup table as the progress report shows it: the version a batch joined
@@ -226,6 +230,10 @@ impl Processor for PassThrough {
 
     fn lookup_tables(&self) -> Vec<LookupStats> {
         Vec::new()
+    }
+
+    fn is_transient(error: &Self::Error) -> bool {
+        match *error {}
     }
 
     async fn process(

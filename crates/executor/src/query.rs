@@ -952,6 +952,7 @@ where
                 <Store as OffsetStore>::is_transient(e) || <Store as StateStore>::is_transient(e)
             }
             ExecutorError::Sink(e) => Snk::is_transient(e),
+            ExecutorError::Process(e) => Proc::is_transient(e),
             _ => false,
         }
     }

@@ -1476,6 +1476,10 @@ impl sluice_core::Processor for PickyProcessor {
     fn lookup_tables(&self) -> Vec<sluice_core::LookupStats> {
         Vec::new()
     }
+
+    fn is_transient(_: &Self::Error) -> bool {
+        false
+    }
 }
 
 impl EventTime for PickyProcessor {
@@ -1644,6 +1648,8 @@ async fn a_replayed_batch_the_sink_already_has_is_only_committed() {
 #[derive(Default)]
 struct CountingProcessor {
     counter: Counter,
+    /// Failures its next chunks meet, the last first.
+    failures: Vec<&'static str>,
 }
 
 /// The count of [`CountingProcessor`], as its one stateful operator.
@@ -1671,6 +1677,9 @@ impl sluice_core::Processor for CountingProcessor {
         records: RecordChunk,
         out: &mut sluice_core::Processed<RecordChunk>,
     ) -> Result<(), TestError> {
+        if let Some(failure) = self.failures.pop() {
+            return Err(TestError(failure.to_owned()));
+        }
         self.counter.batch += records.len() as u64;
         out.row_count += records.len() as u64;
         out.rows.push(records);
@@ -1695,6 +1704,10 @@ impl sluice_core::Processor for CountingProcessor {
 
     fn lookup_tables(&self) -> Vec<sluice_core::LookupStats> {
         Vec::new()
+    }
+
+    fn is_transient(error: &Self::Error) -> bool {
+        error.0 == TRANSIENT
     }
 }
 
@@ -1738,6 +1751,49 @@ impl StatefulOperator<TestError> for Counter {
             ..Default::default()
         }
     }
+}
+
+#[tokio::test]
+async fn a_processors_transient_failure_begins_the_batch_again_and_a_permanent_one_stops() {
+    let mut opts = options(Trigger::AvailableNow, Some(4));
+    opts.retry = fast_retries(5);
+    let processor = CountingProcessor {
+        failures: vec![TRANSIENT, TRANSIENT],
+        ..CountingProcessor::default()
+    };
+    let sink = MemSink::default();
+    let mut query = Query::with_processor(
+        opts.clone(),
+        "q".into(),
+        MemSource::with(&[(0, 10)]),
+        MemStore::default(),
+        processor,
+        sink.clone(),
+        MemSink::default(),
+    );
+    let summary = query.run(never_stop(), |_| {}).await.unwrap();
+    assert_eq!(summary.records, 10, "two transient failures, then success");
+    assert_eq!(sink.values().len(), 10, "each record reaches the sink once");
+    assert!(
+        *sink.begins.lock().unwrap() > 3,
+        "the failed batches began again"
+    );
+
+    let processor = CountingProcessor {
+        failures: vec!["a lookup table's rows do not parse"],
+        ..CountingProcessor::default()
+    };
+    let mut query = Query::with_processor(
+        opts,
+        "q".into(),
+        MemSource::with(&[(0, 10)]),
+        MemStore::default(),
+        processor,
+        MemSink::default(),
+        MemSink::default(),
+    );
+    let error = query.run(never_stop(), |_| {}).await.unwrap_err();
+    assert!(error.to_string().contains("do not parse"), "{error}");
 }
 
 #[tokio::test]

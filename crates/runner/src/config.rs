@@ -29,7 +29,7 @@ pub use retry::RetrySection;
 pub use scale_out::ScaleOutSection;
 pub use sink::{SinkKind, SinkSection};
 pub use source::{SourceSection, SourceSettings};
-pub use tables::{DEFAULT_TABLE_MEMORY_MB, TableSection, TableSpec};
+pub use tables::{DEFAULT_TABLE_MEMORY_MB, TableSection, TableSource, TableSpec};
 pub use trigger::{TriggerSection, TriggerSettings};
 
 /// Overrides `source.bootstrap_servers`.

@@ -38,7 +38,7 @@ use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, DiscardSink, JsonlSink}
 use sluice_executor::{Query, QueryOptions, QueryProgress, QueryStore};
 use sluice_kafka::{KafkaSink, KafkaSource};
 use sluice_sql::{Decoder, LookupTable, SqlProcessor, StreamQuery, TableLoader};
-use sluice_tables::FileTable;
+use sluice_tables::{CassandraTable, FileTable};
 use tokio::sync::watch;
 
 use dead::DeadLetterSink;
@@ -276,22 +276,48 @@ async fn processor(settings: &Settings) -> Result<SqlProcessor, Exit> {
     }
 }
 
-/// The lookup tables of `[tables.*]`, each read once: a table that cannot be
-/// read at the start is a configuration error.
+/// The lookup tables of `[tables.*]`: a file table read once, a Cassandra
+/// table connected to; one that cannot be is a configuration error.
 async fn lookup_tables(
     specs: &[config::TableSpec],
-) -> Result<Vec<(LookupTable, Box<dyn TableLoader>)>, Exit> {
+) -> Result<Vec<(LookupTable, Option<Box<dyn TableLoader>>)>, Exit> {
     let mut tables = Vec::with_capacity(specs.len());
     for spec in specs {
         let at = || format!("[tables.{}]", spec.name);
-        let mut loader = FileTable::open(&spec.path, spec.format.clone(), spec.schema.clone())
-            .map_err(|e| Exit::config(anyhow::Error::new(e).context(at())))?;
-        let table = LookupTable::new(&spec.name, loader.schema(), spec.max_memory_bytes);
-        table
-            .refresh(&mut loader)
-            .await
-            .map_err(|e| Exit::config(anyhow::Error::new(e)))?;
-        tables.push((table, Box::new(loader) as Box<dyn TableLoader>));
+        match &spec.source {
+            config::TableSource::File { path, format } => {
+                let mut loader = FileTable::open(path, format.clone(), spec.schema.clone())
+                    .map_err(|e| Exit::config(anyhow::Error::new(e).context(at())))?;
+                let table = LookupTable::new(&spec.name, loader.schema(), spec.max_memory_bytes);
+                table
+                    .refresh(&mut loader)
+                    .await
+                    .map_err(|e| Exit::config(anyhow::Error::new(e)))?;
+                tables.push((table, Some(Box::new(loader) as Box<dyn TableLoader>)));
+            }
+            config::TableSource::Cassandra {
+                connection,
+                keyspace,
+                table,
+                in_flight,
+            } => {
+                let schema = spec
+                    .schema
+                    .clone()
+                    .expect("the configuration requires a Cassandra table's schema");
+                let loader =
+                    CassandraTable::open(connection, keyspace, table, schema.clone(), *in_flight)
+                        .await
+                        .map_err(|e| Exit::config(anyhow::Error::new(e).context(at())))?;
+                let table = LookupTable::keyed(
+                    &spec.name,
+                    schema,
+                    std::sync::Arc::new(loader),
+                    spec.max_memory_bytes,
+                );
+                tables.push((table, None));
+            }
+        }
     }
     Ok(tables)
 }

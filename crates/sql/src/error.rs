@@ -70,9 +70,52 @@ pub enum SqlError {
         /// What is wrong.
         reason: String,
     },
+    /// Reading a lookup table's rows by key failed.
+    #[error("reading the lookup table {table:?} by key failed: {reason}")]
+    LookupRead {
+        /// The table's name.
+        table: String,
+        /// What went wrong.
+        reason: String,
+        /// Whether trying again may succeed.
+        transient: bool,
+    },
     /// A fault of Sluice, not of the input.
     #[error("internal error in the SQL layer: {0}")]
     Internal(String),
+}
+
+impl SqlError {
+    /// Whether the error may go away by itself (a lookup table's store
+    /// timing out), so that the batch is worth trying again.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            SqlError::LookupRead {
+                transient: true,
+                ..
+            }
+        )
+    }
+
+    /// DataFusion's error as ours: one of ours that a plan's operator raised
+    /// (a lookup that failed) as it was, anything else as a failure of the
+    /// chunk's rows.
+    pub(crate) fn from_execution(error: datafusion::error::DataFusionError) -> SqlError {
+        use datafusion::error::DataFusionError;
+        match error {
+            DataFusionError::External(inner) => match inner.downcast::<SqlError>() {
+                Ok(ours) => *ours,
+                Err(other) => SqlError::Execution(crate::error::one_line(&other.to_string())),
+            },
+            DataFusionError::Context(_, inner) => SqlError::from_execution(*inner),
+            DataFusionError::Shared(inner) => match std::sync::Arc::try_unwrap(inner) {
+                Ok(inner) => SqlError::from_execution(inner),
+                Err(shared) => SqlError::Execution(crate::error::one_line(&shared.to_string())),
+            },
+            other => SqlError::Execution(crate::error::one_line(&other.to_string())),
+        }
+    }
 }
 
 impl From<sluice_state::StateError> for SqlError {

@@ -25,7 +25,9 @@ pub mod window;
 pub use ddl::parse_ddl;
 pub use decode::{AvroFormat, AvroWire, BadRecord, Decoded, Decoder, Format};
 pub use error::SqlError;
-pub use lookup::{LoadError, Loaded, LookupTable, Refresh, TableLoader};
+pub use lookup::{
+    Fetch, FetchError, KeyedLoader, LoadError, Loaded, LookupTable, Refresh, TableLoader,
+};
 pub use options::{DEFAULT_MAX_STATE_ROWS, MAX_STATE_PARTITIONS, QueryOptions};
 pub use processor::SqlProcessor;
 pub use query::StreamQuery;

@@ -15,16 +15,18 @@
 
 use std::fmt;
 use std::future::Future;
-use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt32Builder,
 };
+use arrow::array::{DynComparator, make_comparator};
+use arrow::compute::SortOptions;
 use arrow::compute::{concat_batches, take};
 use arrow::datatypes::SchemaRef;
 use arrow::row::{RowConverter, Rows, SortField};
+use datafusion::common::hash_utils::create_hashes_with_hasher;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -41,7 +43,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
     collect_partitioned,
 };
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use hashbrown::HashTable;
 use sluice_core::LookupStats;
 
@@ -74,6 +76,36 @@ pub trait TableLoader: Send {
     fn refresh(&mut self) -> Refresh<'_>;
 }
 
+/// A keyed loader's failure: whether trying again may succeed (a timeout, a
+/// node restarting), and what happened.
+#[derive(Debug)]
+pub struct FetchError {
+    /// Whether the executor's retry policy should try the batch again.
+    pub transient: bool,
+    /// What the loader said.
+    pub error: LoadError,
+}
+
+/// What [`KeyedLoader::fetch`] returns.
+pub type Fetch<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<RecordBatch>, FetchError>> + Send + 'a>>;
+
+/// Where a table read by key comes from (a Cassandra table): the rows a batch
+/// needs are read when it needs them, never the whole table.
+pub trait KeyedLoader: Send + Sync {
+    /// The columns the table is read by, in the order [`KeyedLoader::fetch`]
+    /// takes their values: a join must be on exactly these.
+    fn key_columns(&self) -> &[String];
+
+    /// The rows whose key columns equal one of the rows of `keys` (one array
+    /// per key column, in [`KeyedLoader::key_columns`]' order), in the
+    /// table's schema. One attempt: retries are the executor's.
+    fn fetch(&self, keys: Vec<ArrayRef>) -> Fetch<'_>;
+
+    /// Where the rows come from, for the progress report.
+    fn describe(&self) -> String;
+}
+
 /// A lookup table a query may join its stream with: a name, a schema and the
 /// version in force, shared by the query's plan and the processor that
 /// replaces it.
@@ -88,6 +120,26 @@ struct Shared {
     max_bytes: u64,
     current: RwLock<Arc<Version>>,
     counters: Mutex<Counters>,
+    /// For a table read by key: its loader and what the batch read so far.
+    keyed: Option<Keyed>,
+}
+
+/// A table read by key, and the rows the batch in progress read of it.
+struct Keyed {
+    loader: Arc<dyn KeyedLoader>,
+    cache: Mutex<KeyedCache>,
+}
+
+/// The rows of the keys a batch read, so that a key is read once per batch;
+/// a key without rows is remembered too.
+#[derive(Default)]
+struct KeyedCache {
+    rows: std::collections::HashMap<Box<[u8]>, Option<RecordBatch>>,
+    bytes: u64,
+    row_count: u64,
+    /// The rows the chunk being joined needs, which the table's scan hands
+    /// out.
+    chunk: Vec<RecordBatch>,
 }
 
 #[derive(Default)]
@@ -133,7 +185,33 @@ impl LookupTable {
                     bytes: 0,
                 })),
                 counters: Mutex::new(Counters::default()),
+                keyed: None,
             }),
+        }
+    }
+
+    /// A table `name` with columns `schema`, read by key from `loader` as
+    /// batches need its rows, at most `max_bytes` of them in a batch.
+    pub fn keyed(
+        name: &str,
+        schema: SchemaRef,
+        loader: Arc<dyn KeyedLoader>,
+        max_bytes: u64,
+    ) -> LookupTable {
+        let mut table = LookupTable::new(name, schema, max_bytes);
+        let shared = Arc::get_mut(&mut table.shared).expect("a new table is not shared yet");
+        shared.keyed = Some(Keyed {
+            loader,
+            cache: Mutex::new(KeyedCache::default()),
+        });
+        table
+    }
+
+    /// Starts a batch of a table read by key: what the last batch read is
+    /// forgotten, so that the batch reads the rows as they are now.
+    pub fn begin_batch(&self) {
+        if let Some(keyed) = &self.shared.keyed {
+            *keyed.cache.lock().unwrap_or_else(PoisonError::into_inner) = KeyedCache::default();
         }
     }
 
@@ -165,8 +243,16 @@ impl LookupTable {
                 )));
             }
         }
-        let bytes: u64 = loaded
-            .batches
+        // One batch, so that the join's index refers to its rows without
+        // copying them into one first.
+        let batches = match loaded.batches.len() {
+            0 | 1 => loaded.batches,
+            _ => vec![
+                concat_batches(&shared.schema, &loaded.batches)
+                    .map_err(|e| lookup_error(e.to_string()))?,
+            ],
+        };
+        let bytes: u64 = batches
             .iter()
             .map(|b| b.get_array_memory_size() as u64)
             .sum();
@@ -178,14 +264,14 @@ impl LookupTable {
                 shared.max_bytes >> 20
             )));
         }
-        let rows = loaded.batches.iter().map(|b| b.num_rows() as u64).sum();
+        let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
         let mut current = shared
             .current
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         *current = Arc::new(Version {
             generation: current.generation + 1,
-            batches: loaded.batches,
+            batches,
             description: loaded.version,
             rows,
             bytes,
@@ -242,6 +328,22 @@ impl LookupTable {
 
     /// The version in force and what happened to the table so far.
     pub fn stats(&self) -> LookupStats {
+        if let Some(keyed) = &self.shared.keyed {
+            let cache = keyed.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            return LookupStats {
+                name: self.shared.name.clone(),
+                version: format!(
+                    "{}, read by key as the batch ran ({} keys)",
+                    keyed.loader.describe(),
+                    cache.rows.len()
+                ),
+                rows: cache.row_count,
+                memory_bytes: cache.bytes,
+                reloads: 0,
+                failed_reloads: 0,
+                last_error: None,
+            };
+        }
         let current = self.current();
         let counters = self
             .shared
@@ -292,8 +394,18 @@ impl PartitionStream for LookupPartition {
     }
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let version = self.0.current();
-        let batches: Vec<_> = version.batches.iter().cloned().map(Ok).collect();
+        let batches: Vec<_> = match &self.0.shared.keyed {
+            Some(keyed) => keyed
+                .cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .chunk
+                .iter()
+                .cloned()
+                .map(Ok)
+                .collect(),
+            None => self.0.current().batches.iter().cloned().map(Ok).collect(),
+        };
         Box::pin(RecordBatchStreamAdapter::new(
             self.0.shared.schema.clone(),
             futures::stream::iter(batches),
@@ -408,17 +520,23 @@ struct JoinParts {
     schema: SchemaRef,
     tables: Vec<LookupTable>,
     built: Mutex<Option<Arc<Built>>>,
+    /// A table read by key: the table, and for each of its key columns the
+    /// join key that matches it.
+    keyed: Option<(LookupTable, Vec<usize>)>,
 }
 
-/// The tables' side of a join, hashed on its keys.
+/// The tables' side of a join, hashed on its keys. The index holds row
+/// numbers only: keys are hashed from their arrays and compared in them, so
+/// that the table's keys are not held a second time.
 struct Built {
     generations: Vec<u64>,
     batch: RecordBatch,
-    converter: RowConverter,
-    keys: Rows,
+    /// The key columns, evaluated over `batch` (the columns themselves when
+    /// the keys are plain columns).
+    keys: Vec<ArrayRef>,
     /// The first row of each key.
     index: HashTable<u32>,
-    /// The next row of the same key, `u32::MAX` after the last.
+    /// The next row of the same key, `NO_ROW` after the last.
     next: Vec<u32>,
     hasher: hashbrown::DefaultHashBuilder,
 }
@@ -489,6 +607,8 @@ impl LookupJoinExec {
                 )));
             }
         }
+        let under = tables_under(&table, tables);
+        let keyed = keyed_side(&under, &table_keys)?;
         let join = JoinParts {
             stream_is_left,
             stream_keys,
@@ -497,8 +617,9 @@ impl LookupJoinExec {
             keep_unmatched,
             projection: join.projection.as_ref().map(|p| p.to_vec()),
             schema: join.schema(),
-            tables: tables_under(&table, tables),
+            tables: under,
             built: Mutex::new(None),
+            keyed,
         };
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(join.schema.clone()),
@@ -512,6 +633,46 @@ impl LookupJoinExec {
             join: Arc::new(join),
             properties,
         })
+    }
+}
+
+/// For a join with a table read by key: the table, and which join key matches
+/// each of its key columns. Such a table is joined on exactly its key columns,
+/// and on its own.
+fn keyed_side(
+    under: &[LookupTable],
+    table_keys: &[PhysicalExprRef],
+) -> Result<Option<(LookupTable, Vec<usize>)>, SqlError> {
+    use datafusion::physical_expr::expressions::Column;
+    let Some(table) = under.iter().find(|t| t.shared.keyed.is_some()) else {
+        return Ok(None);
+    };
+    let name = table.name();
+    if under.len() > 1 {
+        return Err(refused(
+            &format!("a join of {name} with another table"),
+            &format!("{name} is read by key for each batch, so it is joined with the stream alone"),
+            "join each lookup table with the stream in turn",
+        ));
+    }
+    let loader = &table.shared.keyed.as_ref().expect("found as keyed").loader;
+    let columns = loader.key_columns();
+    let names: Vec<Option<&str>> = table_keys
+        .iter()
+        .map(|k| k.downcast_ref::<Column>().map(Column::name))
+        .collect();
+    let order: Option<Vec<usize>> = columns
+        .iter()
+        .map(|c| names.iter().position(|n| *n == Some(c.as_str())))
+        .collect();
+    match order {
+        Some(order) if names.len() == columns.len() => Ok(Some((table.clone(), order))),
+        _ => Err(SqlError::Plan(format!(
+            "the lookup table {name} is read by its key ({}), so a join with it must be on \
+             exactly those columns (ON s.x = {name}.{})",
+            columns.join(", "),
+            columns.first().map_or("key", String::as_str)
+        ))),
     }
 }
 
@@ -589,11 +750,20 @@ impl ExecutionPlan for LookupJoinExec {
         let probe = self.stream.execute(partition, context.clone())?;
         let join = self.join.clone();
         let table = self.table.clone();
-        let joined = futures::stream::once(async move {
-            let built = join.built(&table, context).await?;
-            Ok::<_, DataFusionError>(probe.map(move |batch| join.probe(&built, &batch?)))
-        })
-        .try_flatten();
+        let joined = probe.then(move |batch| {
+            let (join, table, context) = (join.clone(), table.clone(), context.clone());
+            async move {
+                let batch = batch?;
+                let built = match &join.keyed {
+                    Some((keyed, order)) => {
+                        join.keyed_built(keyed, order, &batch, &table, context)
+                            .await?
+                    }
+                    None => join.built(&table, context).await?,
+                };
+                join.probe(&built, &batch)
+            }
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.join.schema.clone(),
             joined,
@@ -630,47 +800,192 @@ impl JoinParts {
         Ok(built)
     }
 
-    fn build(&self, generations: Vec<u64>, batch: RecordBatch) -> DfResult<Built> {
-        let keys = evaluate(&self.table_keys, &batch)?;
+    /// The tables' side for the keys of one chunk of the stream: the rows of
+    /// the keys the batch has not read yet are read first.
+    async fn keyed_built(
+        &self,
+        keyed: &LookupTable,
+        order: &[usize],
+        stream: &RecordBatch,
+        table: &Arc<dyn ExecutionPlan>,
+        context: Arc<TaskContext>,
+    ) -> DfResult<Arc<Built>> {
+        let Some(source) = &keyed.shared.keyed else {
+            return Err(DataFusionError::Internal(
+                "a keyed join of a table not read by key".into(),
+            ));
+        };
+        let keys: Vec<ArrayRef> = order
+            .iter()
+            .map(|&j| {
+                self.stream_keys[j]
+                    .evaluate(stream)?
+                    .into_array(stream.num_rows())
+            })
+            .collect::<DfResult<_>>()?;
         let converter = RowConverter::new(
             keys.iter()
                 .map(|k| SortField::new(k.data_type().clone()))
                 .collect(),
         )?;
         let rows = converter.convert_columns(&keys)?;
+        let valid = all_valid(&keys);
+        let mut wanted: Vec<usize> = Vec::new();
+        let mut missing: Vec<u32> = Vec::new();
+        {
+            let cache = source.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut here = std::collections::HashSet::new();
+            for row in 0..stream.num_rows() {
+                let key = rows.row(row);
+                if valid.as_ref().is_some_and(|v| !v.value(row)) || !here.insert(key) {
+                    continue;
+                }
+                wanted.push(row);
+                if !cache.rows.contains_key(key.as_ref()) {
+                    missing.push(row as u32);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let indices = UInt32Array::from(missing);
+            let asked: Vec<ArrayRef> = keys
+                .iter()
+                .map(|k| take(k, &indices, None))
+                .collect::<Result<_, _>>()?;
+            let fetched = source.loader.fetch(asked).await.map_err(|e| {
+                DataFusionError::External(Box::new(SqlError::LookupRead {
+                    table: keyed.name().to_owned(),
+                    reason: e.error.to_string(),
+                    transient: e.transient,
+                }))
+            })?;
+            let fetched = concat_batches(&keyed.schema(), &fetched)?;
+            self.remember(keyed, &converter, &rows, &indices, &fetched)?;
+        }
+        let chunk: Vec<RecordBatch> = {
+            let cache = source.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            wanted
+                .iter()
+                .filter_map(|&row| cache.rows.get(rows.row(row).as_ref()).cloned().flatten())
+                .collect()
+        };
+        let chunk = concat_batches(&keyed.schema(), &chunk)?;
+        source
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .chunk = vec![chunk];
+        let batches: Vec<RecordBatch> = collect_partitioned(table.clone(), context)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        source
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .chunk
+            .clear();
+        let batch = concat_batches(&table.schema(), &batches)?;
+        Ok(Arc::new(self.build(Vec::new(), batch)?))
+    }
+
+    /// Keeps the rows `fetched` for the keys at `asked` of `rows`, and that
+    /// the others have none, for the rest of the batch.
+    fn remember(
+        &self,
+        keyed: &LookupTable,
+        converter: &RowConverter,
+        rows: &Rows,
+        asked: &UInt32Array,
+        fetched: &RecordBatch,
+    ) -> DfResult<()> {
+        let Some(source) = &keyed.shared.keyed else {
+            return Ok(());
+        };
+        let columns: Vec<ArrayRef> = source
+            .loader
+            .key_columns()
+            .iter()
+            .map(|c| {
+                fetched.column_by_name(c).cloned().ok_or_else(|| {
+                    DataFusionError::Internal(format!("the rows read by key lack the column {c}"))
+                })
+            })
+            .collect::<DfResult<_>>()?;
+        let found = converter.convert_columns(&columns)?;
+        let mut by_key: std::collections::HashMap<&[u8], Vec<u32>> = Default::default();
+        for row in 0..fetched.num_rows() {
+            by_key
+                .entry(found.row(row).data())
+                .or_default()
+                .push(row as u32);
+        }
+        let mut cache = source.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        for &row in asked.values() {
+            let key = rows.row(row as usize);
+            let kept = match by_key.get(key.as_ref()) {
+                Some(indices) => {
+                    let kept = arrow::compute::take_record_batch(
+                        fetched,
+                        &UInt32Array::from(indices.clone()),
+                    )?;
+                    cache.bytes += kept.get_array_memory_size() as u64;
+                    cache.row_count += kept.num_rows() as u64;
+                    Some(kept)
+                }
+                None => None,
+            };
+            cache.rows.insert(key.as_ref().into(), kept);
+        }
+        if cache.bytes > keyed.shared.max_bytes {
+            return Err(DataFusionError::External(Box::new(SqlError::Lookup {
+                table: keyed.name().to_owned(),
+                reason: format!(
+                    "the rows one batch read by key take {} MiB, more than its max_memory_mb of \
+                     {} MiB: lower max_offsets_per_trigger, or raise max_memory_mb",
+                    cache.bytes.div_ceil(1 << 20),
+                    keyed.shared.max_bytes >> 20
+                ),
+            })));
+        }
+        Ok(())
+    }
+
+    fn build(&self, generations: Vec<u64>, batch: RecordBatch) -> DfResult<Built> {
+        let keys = evaluate(&self.table_keys, &batch)?;
         let hasher = hashbrown::DefaultHashBuilder::default();
-        let mut index: HashTable<u32> = HashTable::with_capacity(batch.num_rows());
-        let mut next = vec![NO_ROW; batch.num_rows()];
+        let rows = batch.num_rows();
+        let mut hashes = vec![0_u64; rows];
+        create_hashes_with_hasher(&keys, &hasher, &mut hashes)?;
+        let same = comparators(&keys, &keys)?;
+        let mut index: HashTable<u32> = HashTable::with_capacity(rows);
+        let mut next = vec![NO_ROW; rows];
         // The last row of each key, by its first, so that rows are chained in
         // the table's order and a key's matches come out in the same order on
         // every run.
-        let mut last = vec![NO_ROW; batch.num_rows()];
+        let mut last = vec![NO_ROW; rows];
         let valid = all_valid(&keys);
-        for row in 0..batch.num_rows() {
+        for row in 0..rows {
             if !valid.as_ref().is_none_or(|v| v.value(row)) {
                 continue;
             }
-            let key = rows.row(row);
-            let hash = hasher.hash_one(key.as_ref());
-            let row = row as u32;
-            match index.find(hash, |&first| rows.row(first as usize) == key) {
+            let hash = hashes[row];
+            match index.find(hash, |&first| equal(&same, first as usize, row)) {
                 Some(&first) => {
-                    next[last[first as usize] as usize] = row;
-                    last[first as usize] = row;
+                    next[last[first as usize] as usize] = row as u32;
+                    last[first as usize] = row as u32;
                 }
                 None => {
-                    index.insert_unique(hash, row, |&r| {
-                        hasher.hash_one(rows.row(r as usize).as_ref())
-                    });
-                    last[row as usize] = row;
+                    index.insert_unique(hash, row as u32, |&r| hashes[r as usize]);
+                    last[row] = row as u32;
                 }
             }
         }
         Ok(Built {
             generations,
             batch,
-            converter,
-            keys: rows,
+            keys,
             index,
             next,
             hasher,
@@ -680,26 +995,26 @@ impl JoinParts {
     /// The joined rows of a chunk of the stream.
     fn probe(&self, built: &Built, stream: &RecordBatch) -> DfResult<RecordBatch> {
         let keys = evaluate(&self.stream_keys, stream)?;
-        let rows = built.converter.convert_columns(&keys)?;
+        let mut hashes = vec![0_u64; stream.num_rows()];
+        create_hashes_with_hasher(&keys, &built.hasher, &mut hashes)?;
+        let same = comparators(&keys, &built.keys)?;
         let valid = all_valid(&keys);
         let mut stream_rows = UInt32Builder::with_capacity(stream.num_rows());
         let mut table_rows = UInt32Builder::with_capacity(stream.num_rows());
-        for row in 0..stream.num_rows() {
-            if valid.as_ref().is_none_or(|v| v.value(row)) {
-                let key = rows.row(row);
-                let hash = built.hasher.hash_one(key.as_ref());
-                if let Some(&first) = built
-                    .index
-                    .find(hash, |&r| built.keys.row(r as usize) == key)
-                {
-                    let mut matched = first;
-                    while matched != NO_ROW {
-                        stream_rows.append_value(row as u32);
-                        table_rows.append_value(matched);
-                        matched = built.next[matched as usize];
-                    }
-                    continue;
+        for (row, &hash) in hashes.iter().enumerate() {
+            let found = valid
+                .as_ref()
+                .is_none_or(|v| v.value(row))
+                .then(|| built.index.find(hash, |&r| equal(&same, row, r as usize)))
+                .flatten();
+            if let Some(&first) = found {
+                let mut matched = first;
+                while matched != NO_ROW {
+                    stream_rows.append_value(row as u32);
+                    table_rows.append_value(matched);
+                    matched = built.next[matched as usize];
                 }
+                continue;
             }
             if self.keep_unmatched && self.filter.is_none() {
                 stream_rows.append_value(row as u32);
@@ -799,6 +1114,20 @@ impl JoinParts {
             &options,
         )?)
     }
+}
+
+/// A comparator of each key column of `left` with the same of `right`.
+fn comparators(left: &[ArrayRef], right: &[ArrayRef]) -> DfResult<Vec<DynComparator>> {
+    left.iter()
+        .zip(right)
+        .map(|(l, r)| make_comparator(l.as_ref(), r.as_ref(), SortOptions::default()))
+        .collect::<Result<_, _>>()
+        .map_err(DataFusionError::from)
+}
+
+/// Whether row `l` of the left keys equals row `r` of the right.
+fn equal(same: &[DynComparator], l: usize, r: usize) -> bool {
+    same.iter().all(|compare| compare(l, r).is_eq())
 }
 
 fn evaluate(exprs: &[PhysicalExprRef], batch: &RecordBatch) -> DfResult<Vec<ArrayRef>> {
@@ -1147,6 +1476,111 @@ mod tests {
             let error = plan(sql, &table).await.unwrap_err().to_string();
             assert!(error.contains(expected), "{sql}: {error}");
         }
+    }
+
+    /// A table read by key from memory, counting the keys it is asked for.
+    struct ByKey {
+        rows: RecordBatch,
+        keys: Vec<String>,
+        asked: std::sync::atomic::AtomicUsize,
+        fail: std::sync::atomic::AtomicBool,
+    }
+
+    impl KeyedLoader for ByKey {
+        fn key_columns(&self) -> &[String] {
+            &self.keys
+        }
+
+        fn fetch(&self, keys: Vec<ArrayRef>) -> Fetch<'_> {
+            Box::pin(async move {
+                use std::sync::atomic::Ordering;
+                if self.fail.load(Ordering::Relaxed) {
+                    return Err(FetchError {
+                        transient: true,
+                        error: "timed out".into(),
+                    });
+                }
+                self.asked.fetch_add(keys[0].len(), Ordering::Relaxed);
+                let wanted = keys[0].as_any().downcast_ref::<StringArray>().unwrap();
+                let names = self
+                    .rows
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .unwrap();
+                let mask: arrow::array::BooleanArray = names
+                    .iter()
+                    .map(|n| Some(wanted.iter().any(|w| w == n)))
+                    .collect();
+                Ok(vec![
+                    arrow::compute::filter_record_batch(&self.rows, &mask).unwrap(),
+                ])
+            })
+        }
+
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_table_read_by_key_reads_each_key_once_a_batch_and_fails_transiently() {
+        use std::sync::atomic::Ordering;
+        let plain = customers();
+        version(&plain, &[(Some("ann"), "gold"), (Some("bob"), "tin")], "v1");
+        let loader = Arc::new(ByKey {
+            rows: plain.current().batches[0].clone(),
+            keys: vec!["name".into()],
+            asked: Default::default(),
+            fail: Default::default(),
+        });
+        let table = LookupTable::keyed("customers", plain.schema(), loader.clone(), 1 << 20);
+        let query = plan(
+            "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.customer = c.name",
+            &table,
+        )
+        .await
+        .unwrap();
+        table.begin_batch();
+        let rows = query
+            .run(chunk(&[
+                (1, Some("ann")),
+                (2, Some("zed")),
+                (3, Some("ann")),
+            ]))
+            .await
+            .unwrap();
+        assert_eq!(lines(&rows), ["1,gold", "2,", "3,gold"]);
+        assert_eq!(loader.asked.load(Ordering::Relaxed), 2, "ann and zed, once");
+        let rows = query
+            .run(chunk(&[(4, Some("zed")), (5, Some("bob"))]))
+            .await
+            .unwrap();
+        assert_eq!(lines(&rows), ["4,", "5,tin"]);
+        assert_eq!(
+            loader.asked.load(Ordering::Relaxed),
+            3,
+            "bob only: zed is known to have none"
+        );
+        assert_eq!(table.stats().rows, 2);
+        table.begin_batch();
+        loader.fail.store(true, Ordering::Relaxed);
+        let error = query.run(chunk(&[(6, Some("ann"))])).await.unwrap_err();
+        assert!(error.is_transient(), "{error:?}");
+        assert!(
+            error
+                .to_string()
+                .contains("\"customers\" by key failed: timed out"),
+            "{error}"
+        );
+        let wrong = plan(
+            "SELECT o.id FROM orders o JOIN customers c ON o.customer = c.segment",
+            &table,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(wrong.contains("is read by its key (name)"), "{wrong}");
     }
 
     #[test]

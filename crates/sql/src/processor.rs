@@ -20,7 +20,7 @@ pub struct SqlProcessor {
     event_time: Option<Watermark>,
     /// The query's lookup tables, each asked at the beginning of a batch
     /// whether it changed.
-    lookups: Vec<(LookupTable, Box<dyn TableLoader>)>,
+    lookups: Vec<(LookupTable, Option<Box<dyn TableLoader>>)>,
 }
 
 impl std::fmt::Debug for SqlProcessor {
@@ -131,10 +131,14 @@ impl SqlProcessor {
     }
 
     /// Reads each lookup table again from its loader when it changed, at the
-    /// beginning of every batch. The tables are the ones the query was planned
-    /// with ([`crate::QueryOptions::lookup_tables`]), with their first version
-    /// loaded.
-    pub fn with_lookups(mut self, lookups: Vec<(LookupTable, Box<dyn TableLoader>)>) -> Self {
+    /// beginning of every batch, and has a table read by key (without a
+    /// loader) forget the rows the last batch read. The tables are the ones
+    /// the query was planned with ([`crate::QueryOptions::lookup_tables`]),
+    /// with their first version loaded.
+    pub fn with_lookups(
+        mut self,
+        lookups: Vec<(LookupTable, Option<Box<dyn TableLoader>>)>,
+    ) -> Self {
         self.lookups = lookups;
         self
     }
@@ -229,7 +233,10 @@ impl Processor for SqlProcessor {
         // A table that fails to load again keeps its last good version, so
         // that a file half written when the batch began does not stop the query.
         for (table, loader) in &mut self.lookups {
-            table.refresh(loader.as_mut()).await?;
+            match loader {
+                Some(loader) => table.refresh(loader.as_mut()).await?,
+                None => table.begin_batch(),
+            }
         }
         Ok(())
     }
@@ -265,6 +272,10 @@ impl Processor for SqlProcessor {
             .iter()
             .map(|(table, _)| table.stats())
             .collect()
+    }
+
+    fn is_transient(error: &SqlError) -> bool {
+        error.is_transient()
     }
 
     async fn process(

@@ -394,9 +394,9 @@ async fn run_plan(
     for partition in 0..partitions {
         let mut stream = plan
             .execute(partition, task.clone())
-            .map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
+            .map_err(SqlError::from_execution)?;
         while let Some(batch) = stream.next().await {
-            let batch = batch.map_err(|e| SqlError::Execution(one_line(&e.to_string())))?;
+            let batch = batch.map_err(SqlError::from_execution)?;
             if batch.num_rows() > 0 {
                 out.push(batch);
             }

@@ -21,6 +21,10 @@ use arrow::datatypes::{Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sluice_sql::{Loaded, Refresh, TableLoader};
 
+mod cassandra;
+
+pub use cassandra::{CassandraTable, DEFAULT_IN_FLIGHT};
+
 /// How a table's files are written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FileFormat {
@@ -230,6 +234,10 @@ fn parse_error(path: &Path, error: impl std::fmt::Display) -> TableError {
     }
 }
 
+/// Rows per batch read from a CSV or JSON file: few batches to put together
+/// into the table's one.
+const TEXT_BATCH_ROWS: usize = 64 * 1024;
+
 fn read_file(
     path: &Path,
     format: &FileFormat,
@@ -241,6 +249,7 @@ fn read_file(
     match format {
         FileFormat::Csv { header, delimiter } => {
             let reader = arrow::csv::ReaderBuilder::new(schema.clone())
+                .with_batch_size(TEXT_BATCH_ROWS)
                 .with_header(*header)
                 .with_delimiter(*delimiter)
                 .build(BufReader::new(file))
@@ -251,6 +260,7 @@ fn read_file(
         }
         FileFormat::Json => {
             let reader = arrow::json::ReaderBuilder::new(schema.clone())
+                .with_batch_size(TEXT_BATCH_ROWS)
                 .build(BufReader::new(file))
                 .map_err(parse)?;
             for batch in reader {
@@ -258,8 +268,13 @@ fn read_file(
             }
         }
         FileFormat::Parquet => {
+            // The file's rows in one batch where they fit one, so that the
+            // table is not held twice while its batches are put together.
             let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-                .and_then(|b| b.build())
+                .and_then(|b| {
+                    let rows = b.metadata().file_metadata().num_rows().max(1) as usize;
+                    b.with_batch_size(rows).build()
+                })
                 .map_err(|e| parse_error(path, e))?;
             for batch in reader {
                 out.push(in_schema(path, &batch.map_err(parse)?, schema)?);

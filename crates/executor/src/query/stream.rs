@@ -60,8 +60,11 @@ where
         mut early: Option<Src::Reader>,
     ) -> Result<Streamed, QueryError<Src, Store, Proc, Snk, Dead>> {
         let mut processed = Processed::default();
+        // A processor's transient failure (a lookup table's store timing out)
+        // begins the batch again as a source's does.
         let retryable = |e: &QueryError<Src, Store, Proc, Snk, Dead>| match e {
             ExecutorError::Source(e) => Src::is_transient(e),
+            ExecutorError::Process(e) => Proc::is_transient(e),
             _ => false,
         };
         retrying!(

@@ -304,7 +304,10 @@ async fn the_demo_config_decodes_json_and_plans_its_query() {
     let [customers] = processing.tables.as_slice() else {
         panic!("the demo joins one lookup table: {:?}", processing.tables);
     };
-    assert_eq!(customers.path.to_str(), Some("examples/demo-customers.csv"));
+    assert!(matches!(
+        &customers.source,
+        TableSource::File { path, .. } if path.to_str() == Some("examples/demo-customers.csv")
+    ));
     let mut options = processing.query_options();
     options.lookup_tables = vec![sluice_sql::LookupTable::new(
         &customers.name,
@@ -645,14 +648,28 @@ fn lookup_tables_are_checked_section_by_section() {
         query,
     )
     .unwrap();
-    assert_eq!(
-        csv[0].format,
-        sluice_tables::FileFormat::Csv {
-            header: false,
-            delimiter: b'|'
+    assert!(matches!(
+        csv[0].source,
+        TableSource::File {
+            format: sluice_tables::FileFormat::Csv {
+                header: false,
+                delimiter: b'|'
+            },
+            ..
         }
-    );
+    ));
     assert_eq!(csv[0].max_memory_bytes, 8 << 20);
+    let cassandra = table(
+        "type = \"cassandra\"\ncontact_points = \"h1:9042, h2:9042\"\nkeyspace = \"k\"\n\
+         table = \"t\"\nschema = \"a INT\"\nin_flight = 8",
+        query,
+    )
+    .unwrap();
+    assert!(matches!(
+        &cassandra[0].source,
+        TableSource::Cassandra { connection, keyspace, table, in_flight: 8 }
+            if connection.nodes == ["h1:9042", "h2:9042"] && keyspace == "k" && table == "t"
+    ));
     let parquet = table("path = \"d\"\nformat = \"parquet\"", query).unwrap();
     assert!(parquet[0].schema.is_none());
     assert_eq!(parquet[0].max_memory_bytes, DEFAULT_TABLE_MEMORY_MB << 20);
@@ -686,6 +703,39 @@ fn lookup_tables_are_checked_section_by_section() {
             "path = \"c\"\nformat = \"csv\"\nschema = \"a INT\"\nsheet = 1",
             query,
             "unknown field `sheet`",
+        ),
+        (
+            "path = \"c\"\nformat = \"csv\"\nschema = \"a INT\"\nkeyspace = \"k\"",
+            query,
+            "[tables.customers] keyspace applies to type = \"cassandra\" only",
+        ),
+        (
+            "type = \"cassandra\"\ncontact_points = \"h:9042\"\nkeyspace = \"k\"\n\
+             table = \"t\"",
+            query,
+            "[tables.customers] needs schema, the columns to read",
+        ),
+        (
+            "type = \"cassandra\"\nkeyspace = \"k\"\ntable = \"t\"\nschema = \"a INT\"",
+            query,
+            "type = \"cassandra\" needs contact_points",
+        ),
+        (
+            "type = \"cassandra\"\ncontact_points = \"h:9042\"\nkeyspace = \"k\"\n\
+             table = \"t\"\nschema = \"a INT\"\npath = \"x\"",
+            query,
+            "path applies to files, not to type = \"cassandra\"",
+        ),
+        (
+            "type = \"cassandra\"\ncontact_points = \"h:9042\"\nkeyspace = \"k\"\n\
+             table = \"t\"\nschema = \"a INT\"\nusername = \"u\"",
+            query,
+            "needs both username and a password",
+        ),
+        (
+            "type = \"sheet\"\npath = \"c\"",
+            query,
+            "type must be \"file\" or \"cassandra\", not \"sheet\"",
         ),
     ] {
         let error = table(body, query).unwrap_err();
