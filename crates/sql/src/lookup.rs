@@ -536,12 +536,16 @@ struct Built {
     keys: Vec<ArrayRef>,
     /// The first row of each key.
     index: HashTable<u32>,
-    /// The next row of the same key, `NO_ROW` after the last.
+    /// The next row of the same key, `NO_ROW` after the last; empty when no
+    /// key has two rows.
     next: Vec<u32>,
     hasher: hashbrown::DefaultHashBuilder,
 }
 
 const NO_ROW: u32 = u32::MAX;
+
+/// Rows whose keys are hashed at a time when a table is indexed.
+const HASHED_AT_ONCE: usize = 64 * 1024;
 
 impl LookupJoinExec {
     fn try_new(
@@ -956,29 +960,44 @@ impl JoinParts {
         let keys = evaluate(&self.table_keys, &batch)?;
         let hasher = hashbrown::DefaultHashBuilder::default();
         let rows = batch.num_rows();
-        let mut hashes = vec![0_u64; rows];
-        create_hashes_with_hasher(&keys, &hasher, &mut hashes)?;
         let same = comparators(&keys, &keys)?;
+        // Sized for every row, so that it never grows: the rehash below is
+        // never called, and the hashes are made a slice of rows at a time.
         let mut index: HashTable<u32> = HashTable::with_capacity(rows);
-        let mut next = vec![NO_ROW; rows];
-        // The last row of each key, by its first, so that rows are chained in
-        // the table's order and a key's matches come out in the same order on
-        // every run.
-        let mut last = vec![NO_ROW; rows];
+        let rehash = |r: &u32| {
+            let one: Vec<ArrayRef> = keys.iter().map(|k| k.slice(*r as usize, 1)).collect();
+            let mut hash = [0_u64];
+            let _ = create_hashes_with_hasher(&one, &hasher, &mut hash);
+            hash[0]
+        };
+        // A key's later rows are chained after its first, in the table's
+        // order, so that its matches come out in the same order on every
+        // run: `next` and `last` (the last row of each key, by its first) are
+        // made at the first repeated key, most tables having none.
+        let mut next: Vec<u32> = Vec::new();
+        let mut last: Vec<u32> = Vec::new();
         let valid = all_valid(&keys);
-        for row in 0..rows {
-            if !valid.as_ref().is_none_or(|v| v.value(row)) {
-                continue;
-            }
-            let hash = hashes[row];
-            match index.find(hash, |&first| equal(&same, first as usize, row)) {
-                Some(&first) => {
-                    next[last[first as usize] as usize] = row as u32;
-                    last[first as usize] = row as u32;
+        let mut hashes = vec![0_u64; rows.min(HASHED_AT_ONCE)];
+        for start in (0..rows).step_by(HASHED_AT_ONCE) {
+            let len = HASHED_AT_ONCE.min(rows - start);
+            let slice: Vec<ArrayRef> = keys.iter().map(|k| k.slice(start, len)).collect();
+            create_hashes_with_hasher(&slice, &hasher, &mut hashes[..len])?;
+            for (row, &hash) in (start..).zip(&hashes[..len]) {
+                if valid.as_ref().is_some_and(|v| !v.value(row)) {
+                    continue;
                 }
-                None => {
-                    index.insert_unique(hash, row as u32, |&r| hashes[r as usize]);
-                    last[row] = row as u32;
+                match index.find(hash, |&first| equal(&same, first as usize, row)) {
+                    Some(&first) => {
+                        if next.is_empty() {
+                            next = vec![NO_ROW; rows];
+                            last = (0..rows as u32).collect();
+                        }
+                        next[last[first as usize] as usize] = row as u32;
+                        last[first as usize] = row as u32;
+                    }
+                    None => {
+                        index.insert_unique(hash, row as u32, rehash);
+                    }
                 }
             }
         }
@@ -1012,7 +1031,7 @@ impl JoinParts {
                 while matched != NO_ROW {
                     stream_rows.append_value(row as u32);
                     table_rows.append_value(matched);
-                    matched = built.next[matched as usize];
+                    matched = built.next.get(matched as usize).copied().unwrap_or(NO_ROW);
                 }
                 continue;
             }
