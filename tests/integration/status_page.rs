@@ -145,8 +145,20 @@ async fn the_status_page_renders_the_running_query_and_agrees_with_the_progress_
         "processing_time = \"200ms\"",
     );
     let addr = format!("127.0.0.1:{}", free_port());
+    // The records' keys joined with a lookup table, which the page lists.
+    let keys = config.with_file_name("keys.csv");
+    std::fs::write(&keys, "name,label\nk0,zero\nk1,one\n").unwrap();
+    let lookup = format!(
+        "[tables.keys]\npath = \"{}\"\nformat = \"csv\"\nschema = \"name STRING, label STRING\"\n\n\
+         [query]\nsql = \"SELECT CAST(s.value AS STRING) AS v, k.label FROM source s \
+         LEFT JOIN keys k ON CAST(s.key AS STRING) = k.name\"\n\n[progress]",
+        keys.display()
+    );
     // [progress] is the file's last table.
-    let text = std::fs::read_to_string(&config).unwrap() + &format!("metrics_addr = \"{addr}\"\n");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("[progress]", &lookup)
+        + &format!("metrics_addr = \"{addr}\"\n");
     std::fs::write(&config, text).unwrap();
     let runner = Running::spawn(&["run", "--config", config.to_str().unwrap()]);
 
@@ -258,6 +270,18 @@ async fn the_status_page_renders_the_running_query_and_agrees_with_the_progress_
         assert!(tag.contains(&format!("data-committed=\"{end}\"")), "{tag}");
         assert!(tag.contains("data-latest=\"300\""), "{tag}");
     }
+    // The lookup table as the last report has it.
+    let table = &last["lookupTables"][0];
+    assert_eq!(table["numRows"], 2, "{table}");
+    let at = dom
+        .find("data-table=\"keys\"")
+        .expect("a row for the lookup table");
+    let row = &dom[at..at + dom[at..].find("</tr>").unwrap()];
+    assert!(row.contains("data-rows=\"2\""), "{row}");
+    assert!(
+        row.contains(table["version"].as_str().unwrap()),
+        "the version the batch joined: {row}"
+    );
     let png = std::fs::read(&screenshot).unwrap();
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 20_000,
