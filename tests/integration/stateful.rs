@@ -618,6 +618,131 @@ async fn distinct_on_is_exactly_once_through_sigkills_with_the_cassandra_store()
     dedupe_exactly_once_through_sigkills(true).await;
 }
 
+/// The deduplication of orders enriched from two lookup tables that change
+/// while the query runs and is killed: a CSV file rewritten in place and a
+/// Cassandra table read by key. The rows are exactly the deduplication's, and
+/// each carries one of its customer's versions from each table.
+async fn lookups_and_dedupe_exactly_once_through_sigkills(cassandra: bool) {
+    let topic = sluice_tests::unique_name("lookupdedupe");
+    create_topic(&topic, 3).await;
+    let job = StatefulJob::new(&topic, cassandra);
+    let (session, keyspace) = sluice_tests::keyspace_with(
+        "lookuptiers",
+        &["CREATE TABLE {keyspace}.tiers (name text PRIMARY KEY, tier text)"],
+    )
+    .await;
+    let set_tiers = |tier: &'static str| {
+        let (session, keyspace) = (&session, &keyspace);
+        async move {
+            for c in 0..5 {
+                session
+                    .query_unpaged(
+                        format!("INSERT INTO {keyspace}.tiers (name, tier) VALUES (?, ?)"),
+                        (format!("c{c}"), format!("{tier}-c{c}")),
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    set_tiers("old").await;
+    let segments = job.path("customers.csv");
+    let csv = |tag: &str| {
+        let mut text = String::from("name,segment\n");
+        for c in 0..5 {
+            text.push_str(&format!("c{c},{tag}-c{c}\n"));
+        }
+        text
+    };
+    std::fs::write(&segments, csv("one")).unwrap();
+    let source = format!("event_time = \"ts\"\nwatermark_delay = \"{DELAY_MS}ms\"");
+    let query = format!(
+        "sql = \"SELECT DISTINCT ON (o.customer, o.amount) o.n, o.customer, o.amount, c.segment, \
+         t.tier FROM orders o LEFT JOIN customers c ON o.customer = c.name \
+         LEFT JOIN tiers t ON o.customer = t.name\"\nstate_partitions = 2\n\n\
+         [tables.customers]\npath = \"{}\"\nformat = \"csv\"\n\
+         schema = \"name STRING, segment STRING\"\n\n\
+         [tables.tiers]\ntype = \"cassandra\"\ncontact_points = \"{}\"\n\
+         keyspace = \"{keyspace}\"\ntable = \"tiers\"\nschema = \"name STRING, tier STRING\"\n",
+        segments.display(),
+        sluice_tests::cassandra_nodes().join(",")
+    );
+    let streaming = job.config(
+        "streaming.toml",
+        &source,
+        "processing_time = \"0s\"",
+        &query,
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer_task =
+        keep_producing_to(topic.clone(), |n| (dedupe_key(n) % 3) as i32, stop.clone());
+    let mut random = Lcg::from_clock("lookups and dedupe crash test");
+    let progress = job.path("progress.jsonl");
+    let before = sluice_tests::process::committed_batches(&progress);
+    sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
+    // Both tables change between kills, the CSV file rewritten where it is.
+    std::fs::write(&segments, csv("two")).unwrap();
+    set_tiers("new").await;
+    sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
+    sluice_tests::process::assert_committed_since(&progress, before, "20 killed runs");
+    stop.store(true, Ordering::Relaxed);
+    let produced = producer_task.await.unwrap();
+    let catch_up = job.config("catch_up.toml", &source, "available_now = true", &query);
+    let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    let plans = job.plans().await;
+    let (expected, _, duplicates) = dedupe_oracle(&produced, &topic, &plans);
+    let mut versions = BTreeMap::<(String, String), u64>::new();
+    let mut got: Vec<u64> = lines(&job.path("out"))
+        .iter()
+        .map(|row| {
+            let n = row["n"].as_u64().unwrap();
+            let customer = format!("c{}", n % 5);
+            assert_eq!(row["customer"], customer.as_str(), "{row}");
+            let (segment, tier) = (row["segment"].as_str(), row["tier"].as_str());
+            let segment = segment.and_then(|s| s.strip_suffix(&format!("-{customer}")));
+            let tier = tier.and_then(|t| t.strip_suffix(&format!("-{customer}")));
+            assert!(
+                matches!(segment, Some("one" | "two")) && matches!(tier, Some("old" | "new")),
+                "a version of each table for its customer: {row}"
+            );
+            *versions
+                .entry((segment.unwrap().to_owned(), tier.unwrap().to_owned()))
+                .or_default() += 1;
+            n
+        })
+        .collect();
+    got.sort_unstable();
+    println!(
+        "{} first orders of their key, {duplicates} duplicates; rows by versions: {versions:?}",
+        expected.len()
+    );
+    assert!(duplicates > 0);
+    assert_eq!(got.len(), expected.len(), "no row lost or repeated");
+    assert_eq!(got, expected, "exactly the first order of each key");
+    assert!(
+        versions.contains_key(&("one".into(), "old".into()))
+            && versions.contains_key(&("two".into(), "new".into())),
+        "rows joined before and after the tables changed: {versions:?}"
+    );
+    session
+        .query_unpaged(format!("DROP KEYSPACE {keyspace}"), ())
+        .await
+        .unwrap();
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn lookups_and_dedupe_are_exactly_once_through_sigkills_with_the_filesystem_checkpoint() {
+    lookups_and_dedupe_exactly_once_through_sigkills(false).await;
+}
+
+#[tokio::test]
+async fn lookups_and_dedupe_are_exactly_once_through_sigkills_with_the_cassandra_store() {
+    lookups_and_dedupe_exactly_once_through_sigkills(true).await;
+}
+
 /// Twenty orders over two partitions, their event times 1 s apart.
 async fn small_topic() -> String {
     let topic = sluice_tests::unique_name("statemodes");

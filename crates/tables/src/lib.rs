@@ -144,6 +144,14 @@ impl FileTable {
         if self.seen.as_ref() == Some(&before) {
             return Ok(None);
         }
+        // A file rewritten in place is empty for a moment; read as a table
+        // without rows, it would join nothing for a whole batch.
+        if let Some((empty, _, _)) = before.iter().find(|(_, len, _)| *len == 0) {
+            return Err(parse_error(
+                empty,
+                "the file is empty: if it is being written, it is read again once it is whole",
+            ));
+        }
         let mut batches = Vec::new();
         for (file, _, _) in &before {
             read_file(file, &self.format, &self.schema, &mut batches)?;
@@ -419,7 +427,12 @@ mod tests {
             error.contains("customers.csv") && error.contains("seven"),
             "{error}"
         );
-        replace(&path, "id,name\n1,ann\n2,bob\n", 3);
+        replace(&path, "", 3);
+        table.refresh(&mut loader).await.unwrap();
+        let stats = table.stats();
+        assert_eq!((stats.rows, stats.failed_reloads), (1, 2));
+        assert!(stats.last_error.unwrap().contains("the file is empty"));
+        replace(&path, "id,name\n1,ann\n2,bob\n", 4);
         table.refresh(&mut loader).await.unwrap();
         assert_eq!((rows(&table), table.stats().reloads), (2, 1));
     }
