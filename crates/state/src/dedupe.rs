@@ -49,6 +49,11 @@ pub struct Dedupe {
     watermark_ms: i64,
     new_keys: Keys,
     new_expires: Vec<i64>,
+    /// The new keys' hashes, so that committing them hashes nothing again.
+    new_hashes: Vec<u64>,
+    /// How many keys, of how many bytes, the last batch added: room for as
+    /// many is made when a batch begins.
+    last_added: (usize, usize),
     /// Committed keys that had expired and were seen again, with their new
     /// expiry.
     renewed: HashMap<u32, i64>,
@@ -102,6 +107,8 @@ impl Dedupe {
             watermark_ms: i64::MIN,
             new_keys: Keys::default(),
             new_expires: Vec::new(),
+            new_hashes: Vec::new(),
+            last_added: (0, 0),
             renewed: HashMap::new(),
             removed: Vec::new(),
             delta: None,
@@ -125,8 +132,10 @@ impl Dedupe {
     /// keys, forgetting whatever a batch begun before did.
     pub fn begin(&mut self, watermark_ms: i64) {
         self.watermark_ms = watermark_ms;
-        self.new_keys = Keys::default();
-        self.new_expires = Vec::new();
+        let (keys, bytes) = self.last_added;
+        self.new_keys = Keys::with_capacity(keys, bytes);
+        self.new_expires = Vec::with_capacity(keys);
+        self.new_hashes = Vec::with_capacity(keys);
         self.renewed = HashMap::new();
         self.removed.clear();
         self.delta = None;
@@ -185,6 +194,7 @@ impl Dedupe {
                     None => {
                         self.new_keys.push(&self.hasher, hash, key)?;
                         self.new_expires.push(expires);
+                        self.new_hashes.push(hash);
                         true
                     }
                 },
@@ -244,6 +254,7 @@ impl Dedupe {
         let delta = self.files(changes.into_iter())?;
         self.stats.batch_memory_bytes = (self.new_keys.memory_size()
             + self.new_expires.capacity() * size_of::<i64>()
+            + self.new_hashes.capacity() * size_of::<u64>()
             + self.renewed.allocation_size()
             + self.removed.capacity() * size_of::<u32>()
             + delta.iter().map(Vec::len).sum::<usize>())
@@ -277,27 +288,33 @@ impl Dedupe {
         self.live -= self.removed.len();
         let new_keys = std::mem::take(&mut self.new_keys);
         let new_bytes: usize = new_keys.iter().map(<[u8]>::len).sum();
-        self.keys.reserve(&self.hasher, new_keys.len(), new_bytes);
-        self.expires.reserve(new_keys.len());
-        for (key, &expires) in new_keys.iter().zip(&self.new_expires) {
-            let hash = self.hasher.hash(key);
+        self.last_added = (new_keys.len(), new_bytes);
+        // The forgotten keys' slots are dropped before the new keys come, so
+        // that only the live keys are hashed again, into a table with room
+        // for the new ones too.
+        let forgotten = self.expires.len() - self.live;
+        if forgotten > 1024 && forgotten > self.live {
+            self.compact(new_keys.len());
+        } else {
+            self.keys.reserve(&self.hasher, new_keys.len(), new_bytes);
+            self.expires.reserve(new_keys.len());
+        }
+        for ((key, &expires), &hash) in new_keys.iter().zip(&self.new_expires).zip(&self.new_hashes)
+        {
             self.keys.push_fitting(&self.hasher, hash, key);
             self.expires.push(expires);
             self.live += 1;
         }
         self.new_expires = Vec::new();
+        self.new_hashes = Vec::new();
         self.renewed = HashMap::new();
         self.removed = Vec::new();
-        let forgotten = self.expires.len() - self.live;
-        if forgotten > 1024 && forgotten > self.live {
-            self.compact();
-        }
     }
 
-    /// Drops the forgotten keys' slots.
-    fn compact(&mut self) {
-        let mut keys = Keys::with_capacity(self.live, 0);
-        let mut expires = Vec::with_capacity(self.live);
+    /// Drops the forgotten keys' slots, leaving room for `more` keys.
+    fn compact(&mut self, more: usize) {
+        let mut keys = Keys::with_capacity(self.live + more, 0);
+        let mut expires = Vec::with_capacity(self.live + more);
         for (key, &at) in self.keys.iter().zip(&self.expires) {
             if at != FORGOTTEN {
                 keys.push_fitting(&self.hasher, self.hasher.hash(key), key);
@@ -314,6 +331,7 @@ impl Dedupe {
             + self.expires.capacity() * size_of::<i64>()
             + self.new_keys.memory_size()
             + self.new_expires.capacity() * size_of::<i64>()
+            + self.new_hashes.capacity() * size_of::<u64>()
             + self.renewed.allocation_size()) as u64
     }
 
@@ -451,7 +469,7 @@ impl Dedupe {
                 }
             }
         }
-        self.compact();
+        self.compact(0);
         self.stats.keys = self.live as u64;
         self.stats.memory_bytes = self.memory_bytes();
         Ok(())
