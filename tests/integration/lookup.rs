@@ -50,22 +50,26 @@ fn keep_producing(topic: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHand
     })
 }
 
-fn config(dir: &Path, topic: &str, table: &Path, trigger: &str) -> std::path::PathBuf {
+/// A config reading `topic` into `dir/out` with `tables` (the `[tables.*]`
+/// sections), `trigger` and `sql`, `max` offsets a batch; written to `name`.
+fn config_of(
+    dir: &Path,
+    name: &str,
+    topic: &str,
+    (tables, trigger, sql, max): (&str, &str, &str, u64),
+) -> std::path::PathBuf {
     let text = format!(
         r#"
 [source]
 bootstrap_servers = "{bootstrap}"
 subscribe = ["{topic}"]
 starting_offsets = "earliest"
-max_offsets_per_trigger = 300
+max_offsets_per_trigger = {max}
 table = "orders"
 format = "json"
 schema = "order BIGINT, customer STRING"
 
-[tables.customers]
-path = "{table}"
-format = "csv"
-schema = "name STRING, segment STRING"
+{tables}
 
 [checkpoint]
 location = "{checkpoint}"
@@ -81,17 +85,27 @@ type = "jsonl"
 path = "{out}"
 
 [query]
-sql = "{SQL}"
+sql = "{sql}"
 "#,
         bootstrap = sluice_tests::kafka_bootstrap(),
-        table = table.display(),
         checkpoint = dir.join("checkpoint").display(),
         progress = dir.join("progress.jsonl").display(),
         out = dir.join("out").display(),
     );
-    let path = dir.join(format!("query-{}.toml", trigger.len()));
+    let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// The crash test's config: the CSV table at `table` joined by [`SQL`].
+fn config(dir: &Path, topic: &str, table: &Path, trigger: &str) -> std::path::PathBuf {
+    let tables = format!(
+        "[tables.customers]\npath = \"{}\"\nformat = \"csv\"\n\
+         schema = \"name STRING, segment STRING\"",
+        table.display()
+    );
+    let name = format!("query-{}.toml", trigger.len());
+    config_of(dir, &name, topic, (&tables, trigger, SQL, 300))
 }
 
 /// Every report of the progress file, by batch: the last one, which a
@@ -331,43 +345,12 @@ sql = "{sql}"
 /// A config reading `topic` once (`available_now`), with `table` as
 /// `[tables.customers]` and `sql` as the query, into `dir/out`.
 fn once(dir: &Path, topic: &str, table: &str, sql: &str) -> std::path::PathBuf {
-    let text = format!(
-        r#"
-[source]
-bootstrap_servers = "{bootstrap}"
-subscribe = ["{topic}"]
-starting_offsets = "earliest"
-max_offsets_per_trigger = 50
-table = "orders"
-format = "json"
-schema = "order BIGINT, customer STRING"
-
-{table}
-
-[checkpoint]
-location = "{checkpoint}"
-
-[trigger]
-available_now = true
-
-[progress]
-file = "{progress}"
-
-[sink]
-type = "jsonl"
-path = "{out}"
-
-[query]
-sql = "{sql}"
-"#,
-        bootstrap = sluice_tests::kafka_bootstrap(),
-        checkpoint = dir.join("checkpoint").display(),
-        progress = dir.join("progress.jsonl").display(),
-        out = dir.join("out").display(),
-    );
-    let path = dir.join("once.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    config_of(
+        dir,
+        "once.toml",
+        topic,
+        (table, "available_now = true", sql, 50),
+    )
 }
 
 /// Every row the query wrote, by order number.
