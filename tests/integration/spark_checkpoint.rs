@@ -207,3 +207,109 @@ async fn spark_reads_a_checkpoint_that_sluice_wrote() {
     ];
     assert_eq!(lines, expected);
 }
+
+#[tokio::test]
+#[ignore = "needs Spark's jars: run `cargo xtask spark-compat`"]
+async fn sluice_continues_a_checkpoint_of_two_sources_that_spark_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("query");
+    let root_str = root.to_str().unwrap();
+    spark(&["write", root_str, "2", "1", "events,clicks"]);
+
+    let mut checkpoint = Checkpoint::open(&root).unwrap();
+    let stored = checkpoint.load().await.unwrap();
+    assert_eq!(
+        stored.recovery(),
+        Ok(Recovery::Replay { batch: BatchId(1) })
+    );
+    let replay = stored.latest_plan.unwrap();
+    let line = |topic: &str, at: i64| offsets(topic, &[(0, at), (1, at), (2, at)]);
+    assert_eq!(replay.source_count(), 2);
+    assert_eq!(
+        replay.end_offsets_by_source(),
+        [line("events", 200), line("clicks", 200)]
+    );
+    assert_eq!(
+        replay.start_offsets_by_source(),
+        [line("events", 100), line("clicks", 100)]
+    );
+    let mut initial = line("events", 0);
+    initial.extend(line("clicks", 0));
+    assert_eq!(stored.initial_offsets, Some(initial));
+
+    // Sluice finishes batch 1 and runs batch 2, a line per source.
+    let commit = |id| BatchCommit {
+        id: BatchId(id),
+        next_watermark_ms: 1,
+    };
+    checkpoint.write_commit(&commit(1)).await.unwrap();
+    let next = BatchPlan::from_lines(
+        BatchId(2),
+        &replay.end_offsets(),
+        &[line("events", 250), line("clicks", 230)],
+        replay.metadata().clone(),
+    )
+    .unwrap();
+    checkpoint.write_plan(&next).await.unwrap();
+    checkpoint.write_commit(&commit(2)).await.unwrap();
+    drop(checkpoint);
+
+    let lines = spark(&["read", root_str]);
+    let expected = [
+        "SPARK initial events-0=0 events-1=0 events-2=0 | clicks-0=0 clicks-1=0 clicks-2=0",
+        "SPARK offsets batch=1 watermark=1 timestamp=1700000000001 shuffle=200 \
+         events-0=200 events-1=200 events-2=200 | clicks-0=200 clicks-1=200 clicks-2=200",
+        "SPARK offsets batch=2 watermark=1 timestamp=1700000000001 shuffle=200 \
+         events-0=250 events-1=250 events-2=250 | clicks-0=230 clicks-1=230 clicks-2=230",
+        "SPARK commit batch=2 nextBatchWatermarkMs=1",
+    ];
+    for line in expected {
+        assert!(lines.contains(&line.to_owned()), "{line}: {lines:#?}");
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs Spark's jars: run `cargo xtask spark-compat`"]
+async fn spark_reads_a_checkpoint_of_two_sources_that_sluice_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("query");
+    {
+        let mut checkpoint = Checkpoint::open(&root).unwrap();
+        let mut start = offsets("orders", &[(0, 0), (1, 5)]);
+        start.extend(offsets("payments", &[(0, 3)]));
+        for batch in 0..2_u64 {
+            let end: PartitionOffsets = start
+                .iter()
+                .map(|(tp, o)| (tp.clone(), o.saturating_add(10 * (batch + 1))))
+                .collect();
+            let metadata = BatchMetadata {
+                watermark_ms: batch as i64,
+                timestamp_ms: 1_800_000_000_000 + batch as i64,
+                conf: [("spark.sql.shuffle.partitions".to_owned(), "8".to_owned())].into(),
+            };
+            let plan = BatchPlan::from_offsets(BatchId(batch), &start, &end, metadata)
+                .unwrap()
+                .with_sources(2, |tp| Some(usize::from(&*tp.topic == "payments")))
+                .unwrap();
+            checkpoint.write_plan(&plan).await.unwrap();
+            checkpoint
+                .write_commit(&BatchCommit {
+                    id: BatchId(batch),
+                    next_watermark_ms: batch as i64,
+                })
+                .await
+                .unwrap();
+            start = end;
+        }
+    }
+    let lines = spark(&["read", root.to_str().unwrap()]);
+    let expected = [
+        "SPARK initial orders-0=0 orders-1=5 | payments-0=3",
+        "SPARK offsets batch=0 watermark=0 timestamp=1800000000000 shuffle=8 orders-0=10 orders-1=15 | payments-0=13",
+        "SPARK offsets batch=1 watermark=1 timestamp=1800000000001 shuffle=8 orders-0=30 orders-1=35 | payments-0=33",
+        "SPARK commit batch=1 nextBatchWatermarkMs=1",
+    ];
+    for line in expected {
+        assert!(lines.contains(&line.to_owned()), "{line}: {lines:#?}");
+    }
+}

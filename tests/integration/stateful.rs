@@ -20,7 +20,7 @@ use crate::sql::lines;
 
 /// 2026-01-01T00:00:00Z, where event time starts.
 const BASE_MS: i64 = 1_767_225_600_000;
-const DELAY_MS: i64 = 2_000;
+pub(crate) const DELAY_MS: i64 = 2_000;
 const WINDOW_MS: i64 = 10_000;
 const SCHEMA: &str = "n BIGINT, customer STRING, amount BIGINT, ts TIMESTAMP";
 const WINDOWED: &str = "SELECT to_unixtime(window.start) AS start, to_unixtime(window.end) AS end, \
@@ -29,7 +29,7 @@ const WINDOWED: &str = "SELECT to_unixtime(window.start) AS start, to_unixtime(w
 
 /// Order `n`: 10 ms of event time after order `n - 1`, except that one in 17 is
 /// 40 s late, far beyond the watermark's 2 s delay.
-fn event_ms(n: u64) -> i64 {
+pub(crate) fn event_ms(n: u64) -> i64 {
     let on_time = BASE_MS + n as i64 * 10;
     if n % 17 == 16 {
         on_time - 40_000
@@ -38,7 +38,7 @@ fn event_ms(n: u64) -> i64 {
     }
 }
 
-fn order(n: u64) -> String {
+pub(crate) fn order(n: u64) -> String {
     let ts = humantime::format_rfc3339_millis(
         std::time::UNIX_EPOCH + std::time::Duration::from_millis(event_ms(n) as u64),
     );
@@ -50,7 +50,7 @@ fn order(n: u64) -> String {
 }
 
 /// A stateful query's folder and store.
-struct StatefulJob {
+pub(crate) struct StatefulJob {
     dir: tempfile::TempDir,
     topic: String,
     /// A `cassandra://` location, or the checkpoint folder when `None`.
@@ -58,7 +58,7 @@ struct StatefulJob {
 }
 
 impl StatefulJob {
-    fn new(topic: &str, cassandra: bool) -> StatefulJob {
+    pub(crate) fn new(topic: &str, cassandra: bool) -> StatefulJob {
         StatefulJob {
             dir: tempfile::tempdir().unwrap(),
             topic: topic.to_owned(),
@@ -66,11 +66,11 @@ impl StatefulJob {
         }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
-    fn checkpoint(&self) -> String {
+    pub(crate) fn checkpoint(&self) -> String {
         match &self.cassandra {
             Some(location) => location.clone(),
             None => self.path("checkpoint").display().to_string(),
@@ -165,7 +165,7 @@ path = "{out}"
     }
 
     /// Every stored plan: its start and end offsets and its watermark, by batch.
-    async fn plans(&self) -> BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)> {
+    pub(crate) async fn plans(&self) -> BTreeMap<u64, (PartitionOffsets, PartitionOffsets, i64)> {
         let mut plans = BTreeMap::new();
         match &self.cassandra {
             None => {
@@ -179,7 +179,8 @@ path = "{out}"
                     let text = std::fs::read_to_string(&path).unwrap();
                     let file = sluice_checkpoint_fs::format::parse_offsets(&text).unwrap();
                     let start = file.start.expect("Sluice records each batch's start");
-                    plans.insert(batch, (start, file.end, file.metadata.watermark_ms));
+                    let end = file.ends.into_iter().flatten().collect();
+                    plans.insert(batch, (start, end, file.metadata.watermark_ms));
                 }
             }
             Some(location) => {
@@ -200,13 +201,17 @@ path = "{out}"
                     .unwrap();
                 for row in rows.rows::<(i64, String, String, i64)>().unwrap() {
                     let (batch, start, end, watermark) = row.unwrap();
+                    // A plan of several sources keeps a JSON object each.
+                    let end = match serde_json::from_str::<Vec<Value>>(&end) {
+                        Ok(lines) => lines
+                            .iter()
+                            .flat_map(|line| offsets_from_json(&line.to_string()).unwrap())
+                            .collect(),
+                        Err(_) => offsets_from_json(&end).unwrap(),
+                    };
                     plans.insert(
                         batch as u64,
-                        (
-                            offsets_from_json(&start).unwrap(),
-                            offsets_from_json(&end).unwrap(),
-                            watermark,
-                        ),
+                        (offsets_from_json(&start).unwrap(), end, watermark),
                     );
                 }
             }
@@ -227,7 +232,7 @@ fn keep_producing(
 
 /// Keeps producing orders, order `n` to partition `partition_of(n)`, until
 /// told to stop; returns each partition's orders in offset order.
-fn keep_producing_to(
+pub(crate) fn keep_producing_to(
     topic: String,
     partition_of: impl Fn(u64) -> i32 + Send + 'static,
     stop: Arc<AtomicBool>,
@@ -510,7 +515,7 @@ async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_cas
 
 /// Order `n`'s key for the deduplication: its customer and amount, which
 /// repeat every 100 orders (1 s of event time).
-fn dedupe_key(n: u64) -> u64 {
+pub(crate) fn dedupe_key(n: u64) -> u64 {
     n % 100
 }
 

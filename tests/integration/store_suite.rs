@@ -61,6 +61,50 @@ async fn run_batch<S: OffsetStore>(store: &mut S, batch: u64) {
     store.write_commit(&commit(batch)).await.unwrap();
 }
 
+/// Batch `batch` of a query of two sources: `events` and `clicks`, in that
+/// order, the second with nothing yet in batch 0.
+fn two_source_plan(batch: u64) -> BatchPlan {
+    let at = |v: i64| Offset::new(v).unwrap();
+    let from = batch as i64 * 10;
+    let mut start = PartitionOffsets::new();
+    let mut ends = vec![PartitionOffsets::new(), PartitionOffsets::new()];
+    for p in 0..2 {
+        let tp = TopicPartition::new("events", p);
+        start.insert(tp.clone(), at(from));
+        ends[0].insert(tp, at(from + 10));
+    }
+    if batch > 0 {
+        let tp = TopicPartition::new("clicks", 0);
+        start.insert(tp.clone(), at(from - 10));
+        ends[1].insert(tp, at(from));
+    }
+    BatchPlan::from_lines(BatchId(batch), &start, &ends, BatchMetadata::default()).unwrap()
+}
+
+async fn several_sources(h: &impl Harness) {
+    {
+        let mut store = h.open().await.unwrap();
+        for batch in 0..2 {
+            store.write_plan(&two_source_plan(batch)).await.unwrap();
+            store.write_commit(&commit(batch)).await.unwrap();
+        }
+        store.write_plan(&two_source_plan(2)).await.unwrap();
+    }
+    let mut store = h.open().await.unwrap();
+    let stored = store.load().await.unwrap();
+    assert_eq!(
+        stored.recovery(),
+        Ok(Recovery::Replay { batch: BatchId(2) })
+    );
+    let plan = stored.latest_plan.unwrap();
+    assert_eq!(plan, two_source_plan(2), "each range on its source's line");
+    assert_eq!(plan.source_count(), 2);
+    // A source without partitions keeps its line.
+    let first = two_source_plan(0);
+    assert_eq!(first.source_count(), 2);
+    assert!(first.end_offsets_by_source()[1].is_empty());
+}
+
 async fn fresh_start(h: &impl Harness) {
     let mut store = h.open().await.unwrap();
     let stored = store.load().await.unwrap();
@@ -426,6 +470,11 @@ macro_rules! suite {
             #[tokio::test]
             async fn keeps_state_files_in_partitions() {
                 state_in_partitions(&$harness).await;
+            }
+
+            #[tokio::test]
+            async fn keeps_a_line_per_source_in_every_plan() {
+                several_sources(&$harness).await;
             }
         }
     };

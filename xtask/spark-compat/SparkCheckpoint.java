@@ -4,16 +4,17 @@
 // can check that each side reads what the other writes. Run with Java's
 // single-file launcher by `cargo xtask spark-compat`.
 //
-//   SparkCheckpoint write <dir> <batches> <committed> <topic>
-//       a query id, initial offsets 0 on partitions 0..2 of <topic>, <batches>
-//       plans where plan b ends at 100*(b+1), and commits for the first
-//       <committed> batches
+//   SparkCheckpoint write <dir> <batches> <committed> <topic>[,<topic>...]
+//       a query id, and a Kafka source per topic, in order: initial offsets 0
+//       on partitions 0..2 of its topic, <batches> plans where plan b ends at
+//       100*(b+1) on every source, and commits for the first <committed>
+//       batches
 //   SparkCheckpoint read <dir>
 //       prints every entry Spark reads, one per line, offsets as the Kafka
-//       source parsed them, sorted:
+//       source parsed them, sorted, the sources apart by " | " in their order:
 //       SPARK id=<id>
-//       SPARK initial <topic>-<p>=<offset> ...
-//       SPARK offsets batch=<b> watermark=<ms> timestamp=<ms> shuffle=<conf value> <topic>-<p>=<offset> ...
+//       SPARK initial <topic>-<p>=<offset> ... [| ...]
+//       SPARK offsets batch=<b> watermark=<ms> timestamp=<ms> shuffle=<conf value> <topic>-<p>=<offset> ... [| ...]
 //       SPARK commit batch=<b> nextBatchWatermarkMs=<ms>
 
 import java.util.ArrayList;
@@ -54,22 +55,25 @@ public class SparkCheckpoint {
         OffsetSeqLog offsets = new OffsetSeqLog(spark, dir + "/offsets", OffsetSeqLog.$lessinit$greater$default$3());
         CommitLog commits = new CommitLog(spark, dir + "/commits", CommitLog.$lessinit$greater$default$3());
         Path metadata = new Path(dir, "metadata");
-        KafkaSourceInitialOffsetWriter initial = new KafkaSourceInitialOffsetWriter(spark, dir + "/sources/0");
         org.apache.hadoop.conf.Configuration hadoop = spark.sessionState().newHadoopConf();
 
         switch (args[0]) {
             case "write" -> {
                 int batches = Integer.parseInt(args[2]);
                 int committed = Integer.parseInt(args[3]);
-                String topic = args[4];
+                String[] topics = args[4].split(",");
                 StreamMetadata$.MODULE$.write(new StreamMetadata("0b5e3d4c-spark-written"), metadata, hadoop);
-                check(initial.add(0, kafka(topic, 0)), "initial offsets");
+                for (int i = 0; i < topics.length; i++) {
+                    check(initialWriter(spark, dir, i).add(0, kafka(topics[i], 0)), "initial offsets " + i);
+                }
                 for (int b = 0; b < batches; b++) {
-                    // Rendered by the Kafka source's own JSON writer.
-                    String json = kafka(topic, 100L * (b + 1)).json();
                     String meta = "{\"batchWatermarkMs\":" + b + ",\"batchTimestampMs\":" + (1700000000000L + b)
                         + ",\"conf\":{\"spark.sql.shuffle.partitions\":\"200\"}}";
-                    List<Offset> sources = List.of(new SerializedOffset(json));
+                    List<Offset> sources = new ArrayList<>();
+                    for (String topic : topics) {
+                        // Rendered by the Kafka source's own JSON writer.
+                        sources.add(new SerializedOffset(kafka(topic, 100L * (b + 1)).json()));
+                    }
                     OffsetSeq seq = OffsetSeq.fill(Option.apply(meta), CollectionConverters.asScala(sources).toSeq());
                     check(offsets.add(b, seq), "offsets " + b);
                     if (b < committed) {
@@ -80,9 +84,14 @@ public class SparkCheckpoint {
             case "read" -> {
                 Option<StreamMetadata> id = StreamMetadata$.MODULE$.read(metadata, hadoop);
                 System.out.println("SPARK id=" + (id.isDefined() ? id.get().id() : "none"));
-                Option<KafkaSourceOffset> start = initial.get(0);
-                if (start.isDefined()) {
-                    System.out.println("SPARK initial " + sorted(start.get()));
+                List<String> starts = new ArrayList<>();
+                org.apache.hadoop.fs.FileSystem fs = metadata.getFileSystem(hadoop);
+                for (int i = 0; fs.exists(new Path(dir, "sources/" + i + "/0")); i++) {
+                    Option<KafkaSourceOffset> start = initialWriter(spark, dir, i).get(0);
+                    starts.add(start.isDefined() ? sorted(start.get()) : "-");
+                }
+                if (!starts.isEmpty()) {
+                    System.out.println("SPARK initial " + String.join(" | ", starts));
                 }
                 Option<scala.Tuple2<Object, OffsetSeqBase>> latest = offsets.getLatest();
                 long last = latest.isDefined() ? (Long) latest.get()._1() : -1;
@@ -92,11 +101,16 @@ public class SparkCheckpoint {
                         continue;
                     }
                     OffsetSeqMetadataBase md = seq.get().metadataOpt().get();
-                    Offset source = seq.get().offsets().head().get();
+                    List<String> lines = new ArrayList<>();
+                    for (Option<Offset> source : CollectionConverters.asJava(seq.get().offsets())) {
+                        lines.add(source.isDefined()
+                            ? sorted(KafkaSourceOffset$.MODULE$.apply(new SerializedOffset(source.get().json())))
+                            : "-");
+                    }
                     System.out.println("SPARK offsets batch=" + b + " watermark=" + md.batchWatermarkMs()
                         + " timestamp=" + md.batchTimestampMs()
                         + " shuffle=" + md.conf().getOrElse("spark.sql.shuffle.partitions", () -> "unset")
-                        + " " + sorted(KafkaSourceOffset$.MODULE$.apply(new SerializedOffset(source.json()))));
+                        + " " + String.join(" | ", lines));
                 }
                 Option<scala.Tuple2<Object, CommitMetadataBase>> latestCommit = commits.getLatest();
                 long lastCommit = latestCommit.isDefined() ? (Long) latestCommit.get()._1() : -1;
@@ -112,6 +126,11 @@ public class SparkCheckpoint {
         }
         System.out.flush();
         spark.stop();
+    }
+
+    /** The initial offsets of source `index`, as the Kafka source keeps them. */
+    private static KafkaSourceInitialOffsetWriter initialWriter(SparkSession spark, String dir, int index) {
+        return new KafkaSourceInitialOffsetWriter(spark, dir + "/sources/" + index);
     }
 
     /** Offsets of partitions 0..2 of a topic, all at `offset`, parsed by the Kafka source. */

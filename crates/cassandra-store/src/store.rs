@@ -562,7 +562,7 @@ impl CassandraStore {
         let metadata = plan.metadata();
         (
             offsets_to_json(&plan.start_offsets()),
-            offsets_to_json(&plan.end_offsets()),
+            ends_to_json(plan),
             metadata.watermark_ms,
             metadata.timestamp_ms,
             serde_json::to_string(&metadata.conf).unwrap_or_default(),
@@ -879,7 +879,15 @@ impl OffsetStore for CassandraStore {
             match kind.as_str() {
                 "plan" => {
                     let start = parse(start, "start_offsets")?;
-                    let end = parse(end, "end_offsets")?;
+                    let ends =
+                        match end.as_deref().map(str::trim_start) {
+                            Some(lines) if lines.starts_with('[') => ends_from_json(lines)
+                                .map_err(|problem| CassandraStoreError::Damaged {
+                                    entry: entry.clone(),
+                                    problem: format!("end_offsets: {problem}"),
+                                })?,
+                            _ => vec![parse(end, "end_offsets")?],
+                        };
                     let conf = match conf.as_deref() {
                         None | Some("") => Default::default(),
                         Some(text) => serde_json::from_str(text).map_err(|e| {
@@ -895,7 +903,7 @@ impl OffsetStore for CassandraStore {
                         conf,
                     };
                     let plan =
-                        BatchPlan::from_offsets(batch, &start, &end, metadata).map_err(|e| {
+                        BatchPlan::from_lines(batch, &start, &ends, metadata).map_err(|e| {
                             CassandraStoreError::Damaged {
                                 entry: entry.clone(),
                                 problem: e.to_string(),
@@ -1056,4 +1064,31 @@ impl OffsetStore for CassandraStore {
         };
         self.entry(kind, batch)
     }
+}
+
+/// A plan's end offsets as stored: Spark's JSON for a query of one source,
+/// and a JSON array of it, a source each in order, for one of several.
+fn ends_to_json(plan: &BatchPlan) -> String {
+    if plan.source_count() == 1 {
+        return offsets_to_json(&plan.end_offsets());
+    }
+    let lines: Vec<String> = plan
+        .end_offsets_by_source()
+        .iter()
+        .map(offsets_to_json)
+        .collect();
+    format!("[{}]", lines.join(","))
+}
+
+/// The end offsets of each source from [`ends_to_json`]'s array.
+fn ends_from_json(text: &str) -> Result<Vec<PartitionOffsets>, String> {
+    let lines: Vec<serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON array: {e}"))?;
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, line)| {
+            offsets_from_json(&line.to_string()).map_err(|e| format!("source {i}: {e}"))
+        })
+        .collect()
 }

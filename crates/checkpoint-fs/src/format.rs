@@ -6,7 +6,7 @@
 //!   with its offset JSON (`-` for a source without offsets). Spark 4 may write
 //!   `v2`, where each source line is `<sourceId>:<json>`.
 //! - `commits/<batchId>`: `v1`, then `{"nextBatchWatermarkMs":0}`
-//! - `sources/0/0`: a 0x00 byte, `v1`, then the Kafka source's initial offsets
+//! - `sources/<i>/0`: a 0x00 byte, `v1`, then source i's initial offsets
 //!
 //! Spark writes no newline after the last line; readers accept one.
 
@@ -27,8 +27,9 @@ pub type Problem = String;
 pub struct OffsetsFile {
     /// Watermark, timestamp and `conf`, without Sluice's start offsets.
     pub metadata: BatchMetadata,
-    /// The batch's end offsets.
-    pub end: PartitionOffsets,
+    /// The batch's end offsets, a map per source line in order (empty for a
+    /// source line of `-`).
+    pub ends: Vec<PartitionOffsets>,
     /// The batch's start offsets, when Sluice wrote the file.
     pub start: Option<PartitionOffsets>,
 }
@@ -48,11 +49,11 @@ pub fn write_metadata(id: &str) -> String {
     Value::Object(Map::from_iter([("id".to_owned(), Value::from(id))])).to_string()
 }
 
-/// Writes `offsets/<batchId>`.
+/// Writes `offsets/<batchId>`: a line of end offsets per source, in order.
 pub fn write_offsets(
     metadata: &BatchMetadata,
     start: &PartitionOffsets,
-    end: &PartitionOffsets,
+    ends: &[PartitionOffsets],
 ) -> String {
     let mut conf: Map<String, Value> = metadata
         .conf
@@ -70,7 +71,12 @@ pub fn write_offsets(
         metadata.timestamp_ms,
         Value::Object(conf)
     );
-    format!("v1\n{meta}\n{}", offsets_to_json(end))
+    let mut text = format!("v1\n{meta}");
+    for end in ends {
+        text.push('\n');
+        text.push_str(&offsets_to_json(end));
+    }
+    text
 }
 
 /// Reads `offsets/<batchId>`.
@@ -81,32 +87,14 @@ pub fn parse_offsets(text: &str) -> Result<OffsetsFile, Problem> {
         .next()
         .ok_or("the file ends after its version line; the metadata line is missing")?;
     let sources: Vec<&str> = lines.collect();
-    let source = match sources.as_slice() {
-        [] => return Err("the file has no offsets line (truncated?)".to_owned()),
-        [one] => *one,
-        more => {
-            return Err(format!(
-                "the file holds offsets of {} sources; Sluice reads checkpoints of queries with one \
-                 Kafka source",
-                more.len()
-            ));
-        }
-    };
-    let source = if version == 2 {
-        source
-            .split_once(':')
-            .map(|(_, json)| json)
-            .ok_or_else(|| {
-                format!("a v2 offsets line must be <sourceId>:<json>, found {source:?}")
-            })?
-    } else {
-        source
-    };
-    let end = if source.trim() == "-" {
-        PartitionOffsets::new()
-    } else {
-        offsets_from_json(source).map_err(|e| format!("offsets line: {e}"))?
-    };
+    if sources.is_empty() {
+        return Err("the file has no offsets line (truncated?)".to_owned());
+    }
+    let ends = sources
+        .iter()
+        .enumerate()
+        .map(|(i, line)| source_line(version, i, line))
+        .collect::<Result<Vec<_>, _>>()?;
 
     let mut metadata = BatchMetadata::default();
     let mut start = None;
@@ -140,9 +128,26 @@ pub fn parse_offsets(text: &str) -> Result<OffsetsFile, Problem> {
     }
     Ok(OffsetsFile {
         metadata,
-        end,
+        ends,
         start,
     })
+}
+
+/// Source `index`'s end offsets from its line of an offsets file.
+fn source_line(version: u32, index: usize, line: &str) -> Result<PartitionOffsets, Problem> {
+    let json = if version == 2 {
+        line.split_once(':').map(|(_, json)| json).ok_or_else(|| {
+            format!(
+                "a v2 offsets line must be <sourceId>:<json>, found {line:?} for source {index}"
+            )
+        })?
+    } else {
+        line
+    };
+    if json.trim() == "-" {
+        return Ok(PartitionOffsets::new());
+    }
+    offsets_from_json(json).map_err(|e| format!("offsets line of source {index}: {e}"))
 }
 
 /// Writes `commits/<batchId>`.
@@ -172,14 +177,14 @@ pub fn parse_commit(text: &str) -> Result<i64, Problem> {
     int_field(&map, "nextBatchWatermarkMs")
 }
 
-/// Writes `sources/0/0`, with the leading 0x00 byte Spark writes since 2.1.1.
+/// Writes `sources/<i>/0`, with the leading 0x00 byte Spark writes since 2.1.1.
 pub fn write_initial_offsets(offsets: &PartitionOffsets) -> Vec<u8> {
     let mut bytes = vec![0_u8];
     bytes.extend_from_slice(format!("v1\n{}", offsets_to_json(offsets)).as_bytes());
     bytes
 }
 
-/// Reads `sources/0/0`, with or without the leading 0x00 byte.
+/// Reads `sources/<i>/0`, with or without the leading 0x00 byte.
 pub fn parse_initial_offsets(bytes: &[u8]) -> Result<PartitionOffsets, Problem> {
     let bytes = bytes.strip_prefix(&[0_u8]).unwrap_or(bytes);
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8 text: {e}"))?;
@@ -254,7 +259,7 @@ mod tests {
         };
         let start = offsets(&[(0, 10), (1, 0)]);
         let end = offsets(&[(0, 20), (1, 3)]);
-        let text = write_offsets(&metadata, &start, &end);
+        let text = write_offsets(&metadata, &start, std::slice::from_ref(&end));
         assert_eq!(
             text,
             "v1\n{\"batchWatermarkMs\":5,\"batchTimestampMs\":1700000000000,\"conf\":{\
@@ -267,20 +272,32 @@ mod tests {
             parsed,
             OffsetsFile {
                 metadata,
-                end,
+                ends: vec![end],
                 start: Some(start)
             }
         );
     }
 
     #[test]
+    fn several_sources_are_a_line_each_in_their_order() {
+        let other = |p: i32, o: i64| (TopicPartition::new("clicks", p), Offset::new(o).unwrap());
+        let start = offsets(&[(0, 10)]);
+        let ends = vec![offsets(&[(0, 20)]), PartitionOffsets::from([other(0, 4)])];
+        let text = write_offsets(&BatchMetadata::default(), &start, &ends);
+        assert!(text.ends_with("\n{\"events\":{\"0\":20}}\n{\"clicks\":{\"0\":4}}"));
+        assert_eq!(parse_offsets(&text).unwrap().ends, ends);
+        let v2 = parse_offsets("v2\n{}\n0:{\"events\":{\"0\":7}}\n1:-").unwrap();
+        assert_eq!(v2.ends, vec![offsets(&[(0, 7)]), PartitionOffsets::new()]);
+    }
+
+    #[test]
     fn reads_v2_offsets_and_void_sources() {
         let parsed =
             parse_offsets("v2\n{\"batchWatermarkMs\":0}\n0:{\"events\":{\"0\":7}}").unwrap();
-        assert_eq!(parsed.end, offsets(&[(0, 7)]));
+        assert_eq!(parsed.ends, vec![offsets(&[(0, 7)])]);
         assert_eq!(
-            parse_offsets("v1\n\n-").unwrap().end,
-            PartitionOffsets::new()
+            parse_offsets("v1\n\n-").unwrap().ends,
+            vec![PartitionOffsets::new()]
         );
     }
 
@@ -295,8 +312,11 @@ mod tests {
         assert!(
             problem("v1\n{\"batchWatermarkMs\":\n{}").contains("metadata line is not valid JSON")
         );
-        assert!(problem("v1\n{}\n{\"events\":{\"0\":").contains("offsets line: not valid JSON"));
-        assert!(problem("v1\n{}\n{}\n{}").contains("2 sources"));
+        assert!(
+            problem("v1\n{}\n{\"events\":{\"0\":")
+                .contains("offsets line of source 0: not valid JSON")
+        );
+        assert!(problem("v1\n{}\n{}\n{\"x\":").contains("source 1"));
         assert!(problem("v1\n{\"batchTimestampMs\":\"x\"}\n{}").contains("not an integer"));
     }
 

@@ -7,7 +7,7 @@
 //!   metadata          {"id":"<query id>"}
 //!   offsets/<batch>   v1 / metadata JSON / Kafka offset JSON (the plan, written first)
 //!   commits/<batch>   v1 / {"nextBatchWatermarkMs":0}       (written after the sink)
-//!   sources/0/0       0x00 v1 / initial Kafka offsets
+//!   sources/<i>/0     0x00 v1 / initial Kafka offsets of source i
 //!   state/<op>/<p>/<batch>.delta     a stateful operator's changes in a batch, per partition
 //!   state/<op>/<p>/<batch>.snapshot  and all of its state, every few batches
 //!   sluice.lock       held with flock while a runner has the checkpoint open
@@ -101,9 +101,14 @@ impl Checkpoint {
             checkpoint.dir.clone(),
             checkpoint.offsets_dir(),
             checkpoint.commits_dir(),
-            checkpoint.sources_dir(),
         ] {
             remove_temp_files(&sub)?;
+        }
+        for source in list_dir_names(&checkpoint.dir.join("sources"))? {
+            let sub = checkpoint.dir.join("sources").join(source);
+            if sub.is_dir() {
+                remove_temp_files(&sub)?;
+            }
         }
         for operator in list_dir_names(&checkpoint.dir.join("state"))? {
             let operator = checkpoint.dir.join("state").join(operator);
@@ -137,7 +142,7 @@ impl Checkpoint {
         let paths = Paths {
             offsets: dir.join("offsets"),
             commits: dir.join("commits"),
-            initial: dir.join("sources").join("0").join("0"),
+            sources: dir.join("sources"),
         };
         let stored = paths.load()?;
         Ok((id, stored))
@@ -201,16 +206,12 @@ impl Checkpoint {
         self.dir.join("sources").join("0")
     }
 
-    fn initial_offsets_path(&self) -> PathBuf {
-        self.sources_dir().join("0")
-    }
-
     /// A handle for blocking work on another thread: paths only, no lock.
     fn paths(&self) -> Paths {
         Paths {
             offsets: self.offsets_dir(),
             commits: self.commits_dir(),
-            initial: self.initial_offsets_path(),
+            sources: self.dir.join("sources"),
         }
     }
 }
@@ -219,7 +220,8 @@ impl Checkpoint {
 struct Paths {
     offsets: PathBuf,
     commits: PathBuf,
-    initial: PathBuf,
+    /// `sources`, with a directory per source holding its initial offsets.
+    sources: PathBuf,
 }
 
 impl Paths {
@@ -244,13 +246,25 @@ impl Paths {
         })
     }
 
+    /// Source `index`'s initial offsets file, as Spark names it.
+    fn initial(&self, index: usize) -> PathBuf {
+        self.sources.join(index.to_string()).join("0")
+    }
+
+    /// The initial offsets of every source, merged (each reads topics of
+    /// its own): `sources/0/0`, `sources/1/0`, ... up to the first missing.
     fn read_initial_offsets(&self) -> Result<Option<PartitionOffsets>, CheckpointError> {
-        let Some(bytes) = read_if_exists(&self.initial)? else {
-            return Ok(None);
-        };
-        format::parse_initial_offsets(&bytes)
-            .map(Some)
-            .map_err(|problem| damaged(&self.initial, problem))
+        let mut merged: Option<PartitionOffsets> = None;
+        for index in 0.. {
+            let path = self.initial(index);
+            let Some(bytes) = read_if_exists(&path)? else {
+                break;
+            };
+            let offsets =
+                format::parse_initial_offsets(&bytes).map_err(|problem| damaged(&path, problem))?;
+            merged.get_or_insert_default().extend(offsets);
+        }
+        Ok(merged)
     }
 
     fn read_offsets_file(
@@ -282,10 +296,11 @@ impl Paths {
             // or the initial offsets for batch 0.
             None => {
                 let (previous_path, previous_end) = match batch.previous() {
-                    None => (self.initial.clone(), initial.cloned()),
+                    None => (self.initial(0), initial.cloned()),
                     Some(previous) => (
                         self.offsets.join(previous.to_string()),
-                        self.read_offsets_file(previous)?.map(|f| f.end),
+                        self.read_offsets_file(previous)?
+                            .map(|f| f.ends.into_iter().flatten().collect()),
                     ),
                 };
                 let previous_end = previous_end.ok_or_else(|| CheckpointError::UnknownStart {
@@ -295,8 +310,9 @@ impl Paths {
                 })?;
                 // Partitions the previous batch did not know started at their
                 // beginning, as Spark starts new partitions.
-                file.end
-                    .keys()
+                file.ends
+                    .iter()
+                    .flat_map(|line| line.keys())
                     .map(|tp| {
                         let from = previous_end
                             .get(tp)
@@ -308,7 +324,7 @@ impl Paths {
                     .collect()
             }
         };
-        BatchPlan::from_offsets(batch, &start, &file.end, file.metadata)
+        BatchPlan::from_lines(batch, &start, &file.ends, file.metadata)
             .map_err(|source| CheckpointError::InvalidPlan { path, source })
     }
 
@@ -327,10 +343,17 @@ impl Paths {
 
     fn write_plan(&self, plan: &BatchPlan) -> Result<(), CheckpointError> {
         let start = plan.start_offsets();
-        if plan.id() == BatchId::FIRST && !exists(&self.initial)? {
-            atomic::create_file(&self.initial, &format::write_initial_offsets(&start))?;
+        if plan.id() == BatchId::FIRST {
+            for (index, offsets) in plan.start_offsets_by_source().iter().enumerate() {
+                let initial = self.initial(index);
+                if !exists(&initial)? {
+                    let dir = self.sources.join(index.to_string());
+                    fs::create_dir_all(&dir).map_err(CheckpointError::io("creating", &dir))?;
+                    atomic::create_file(&initial, &format::write_initial_offsets(offsets))?;
+                }
+            }
         }
-        let text = format::write_offsets(plan.metadata(), &start, &plan.end_offsets());
+        let text = format::write_offsets(plan.metadata(), &start, &plan.end_offsets_by_source());
         atomic::create_file(&self.offsets.join(plan.id().to_string()), text.as_bytes())
     }
 

@@ -283,7 +283,7 @@ async fn damaged_files_are_errors_naming_the_file_and_are_left_alone() {
         (
             "offsets/1",
             b"v1\n{\"batchWatermarkMs\":0}\n{\"events\":{\"0\":1",
-            "offsets line: not valid JSON",
+            "offsets line of source 0: not valid JSON",
         ),
         (
             "offsets/1",

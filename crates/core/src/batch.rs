@@ -57,15 +57,25 @@ pub enum PlanError {
     /// A start offset has no end offset.
     #[error("{0} has a start offset but no end offset")]
     MissingEnd(TopicPartition),
+    /// A partition belongs to none of the query's sources.
+    #[error("{0} is read by none of the query's {1} sources")]
+    NoSource(TopicPartition, usize),
 }
 
 /// The write-ahead record of one batch: exactly which offsets it reads. A batch
 /// that is replayed after a crash reads this same plan again.
 #[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// A query reading several sources keeps, beside each range, which source
+/// reads it: Spark's offsets file has a line per source, in the order the
+/// query declares them.
 pub struct BatchPlan {
     id: BatchId,
     ranges: Vec<OffsetRange>,
     metadata: BatchMetadata,
+    /// The source of each range, by index into `ranges`.
+    sources: Vec<u16>,
+    source_count: u16,
 }
 
 impl BatchPlan {
@@ -88,8 +98,51 @@ impl BatchPlan {
         }
         Ok(BatchPlan {
             id,
+            sources: vec![0; ranges.len()],
             ranges,
             metadata,
+            source_count: 1,
+        })
+    }
+
+    /// The plan with each range given to one of `count` sources by `source_of`
+    /// (at least one: a plan of one source is one line).
+    pub fn with_sources(
+        mut self,
+        count: usize,
+        source_of: impl Fn(&TopicPartition) -> Option<usize>,
+    ) -> Result<BatchPlan, PlanError> {
+        let count = count.clamp(1, usize::from(u16::MAX));
+        self.sources = self
+            .ranges
+            .iter()
+            .map(|r| match source_of(&r.topic_partition) {
+                Some(i) if i < count => Ok(i as u16),
+                _ => Err(PlanError::NoSource(r.topic_partition.clone(), count)),
+            })
+            .collect::<Result<_, _>>()?;
+        self.source_count = count as u16;
+        Ok(self)
+    }
+
+    /// A plan from its start offsets and the end offsets of each source, in
+    /// the sources' order: as an offsets file with a line per source holds it.
+    pub fn from_lines(
+        id: BatchId,
+        start: &PartitionOffsets,
+        ends: &[PartitionOffsets],
+        metadata: BatchMetadata,
+    ) -> Result<BatchPlan, PlanError> {
+        let mut end = PartitionOffsets::new();
+        for line in ends {
+            for (tp, until) in line {
+                if end.insert(tp.clone(), *until).is_some() {
+                    return Err(PlanError::DuplicatePartition(tp.clone()));
+                }
+            }
+        }
+        BatchPlan::from_offsets(id, start, &end, metadata)?.with_sources(ends.len(), |tp| {
+            ends.iter().position(|line| line.contains_key(tp))
         })
     }
 
@@ -126,6 +179,39 @@ impl BatchPlan {
     /// The ranges, one per partition, ordered by topic-partition.
     pub fn ranges(&self) -> &[OffsetRange] {
         &self.ranges
+    }
+
+    /// How many sources the plan has a line for: one unless the query reads
+    /// several.
+    pub fn source_count(&self) -> usize {
+        usize::from(self.source_count)
+    }
+
+    /// The source that reads each range, in the order of [`BatchPlan::ranges`].
+    pub fn range_sources(&self) -> impl Iterator<Item = (usize, &OffsetRange)> {
+        self.sources
+            .iter()
+            .map(|s| usize::from(*s))
+            .zip(self.ranges.iter())
+    }
+
+    /// The end offsets of each source's ranges, one map per source in order:
+    /// the lines of Spark's offsets file.
+    pub fn end_offsets_by_source(&self) -> Vec<PartitionOffsets> {
+        self.by_source(|r| r.until)
+    }
+
+    /// The start offsets of each source's ranges, one map per source in order.
+    pub fn start_offsets_by_source(&self) -> Vec<PartitionOffsets> {
+        self.by_source(|r| r.from)
+    }
+
+    fn by_source(&self, pick: impl Fn(&OffsetRange) -> Offset) -> Vec<PartitionOffsets> {
+        let mut lines = vec![PartitionOffsets::new(); self.source_count()];
+        for (source, range) in self.range_sources() {
+            lines[source].insert(range.topic_partition.clone(), pick(range));
+        }
+        lines
     }
 
     /// The watermark, timestamp and configuration recorded with the plan.
@@ -188,6 +274,47 @@ mod tests {
         assert_eq!(plan.start_offsets(), start);
         assert_eq!(plan.end_offsets(), end);
         assert_eq!(plan.offset_count(), 10);
+    }
+
+    #[test]
+    fn a_plan_of_several_sources_keeps_the_lines_it_was_made_of() {
+        let other = |p| TopicPartition::new("u", p);
+        let start = PartitionOffsets::from([(tp(0), off(1)), (other(0), off(2))]);
+        let ends = [
+            PartitionOffsets::from([(tp(0), off(5))]),
+            PartitionOffsets::from([(other(0), off(7))]),
+        ];
+        let plan =
+            BatchPlan::from_lines(BatchId(1), &start, &ends, BatchMetadata::default()).unwrap();
+        assert_eq!(plan.source_count(), 2);
+        assert_eq!(plan.end_offsets_by_source(), ends);
+        assert_eq!(
+            plan.start_offsets_by_source(),
+            [
+                PartitionOffsets::from([(tp(0), off(1))]),
+                PartitionOffsets::from([(other(0), off(2))]),
+            ]
+        );
+        let by_topic = |t: &TopicPartition| Some(usize::from(&*t.topic == "u"));
+        let again = BatchPlan::from_offsets(
+            BatchId(1),
+            &start,
+            &plan.end_offsets(),
+            BatchMetadata::default(),
+        )
+        .unwrap()
+        .with_sources(2, by_topic)
+        .unwrap();
+        assert_eq!(again, plan);
+        assert_eq!(
+            plan.clone().with_sources(2, |_| None),
+            Err(PlanError::NoSource(tp(0), 2))
+        );
+        let twice = [ends[0].clone(), ends[0].clone()];
+        assert_eq!(
+            BatchPlan::from_lines(BatchId(1), &start, &twice, BatchMetadata::default()),
+            Err(PlanError::DuplicatePartition(tp(0)))
+        );
     }
 
     #[test]

@@ -89,6 +89,8 @@ struct HeaderEntry {
 /// may interleave; within a partition they are in offset order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecordChunk {
+    /// Which of a query's sources read the records: chunks never mix sources.
+    source: u16,
     topics: Vec<Arc<str>>,
     entries: Vec<Entry>,
     headers: Vec<HeaderEntry>,
@@ -116,6 +118,17 @@ impl RecordChunk {
     /// The most topics one chunk holds records of (its entries' topic index is
     /// 16 bits).
     pub const MAX_TOPICS: usize = 1 << 16;
+
+    /// Which of the query's sources read the chunk's records, in the order
+    /// the query declares them; 0 for a query with one.
+    pub fn source(&self) -> usize {
+        usize::from(self.source)
+    }
+
+    /// Marks the chunk as read by source `source`.
+    pub fn set_source(&mut self, source: usize) {
+        self.source = u16::try_from(source).unwrap_or(u16::MAX);
+    }
 
     /// An empty chunk with room for about `records` records of `bytes` bytes in all.
     pub fn with_capacity(records: usize, bytes: usize) -> RecordChunk {
@@ -272,6 +285,7 @@ impl RecordChunk {
     /// that room never grows.
     pub fn with_room(records: usize, bytes: usize, headers: usize) -> RecordChunk {
         RecordChunk {
+            source: 0,
             topics: Vec::with_capacity(1),
             entries: Vec::with_capacity(records),
             headers: Vec::with_capacity(headers),

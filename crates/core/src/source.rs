@@ -139,6 +139,21 @@ pub trait Source: Send {
         ranges: &[OffsetRange],
     ) -> impl Future<Output = Result<Self::Reader, Self::Error>> + Send;
 
+    /// How many sources this is, as a plan counts them (a line each in Spark's
+    /// offsets file): one, unless it reads several streams, each a table of
+    /// the query. Their chunks say which they are ([`RecordChunk::source`]).
+    fn source_count(&self) -> usize {
+        1
+    }
+
+    /// Which source reads `topic`, by its place in the order the query
+    /// declares them; `None` when none would. The default is one source that
+    /// reads whatever it lists.
+    fn source_of(&self, topic: &str) -> Option<usize> {
+        let _ = topic;
+        Some(0)
+    }
+
     /// Whether `error` may go away by itself (a broker restarting, a request
     /// timing out), so that the same call is worth trying again. Data loss and
     /// configuration errors are not. The default treats every error as permanent.
