@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use sluice_checkpoint_fs::Checkpoint;
 use sluice_core::{BatchId, OffsetRange, RecordChunk, Sink, StartingOffsets, Writes};
-use sluice_executor::{Query, QueryOptions, Trigger};
+use sluice_executor::{Query, QueryOptions, SourceOptions, Trigger};
 use sluice_kafka::{KafkaSource, KafkaSourceConfig, TopicSelection};
 
 /// Counts records per key and writes one file per batch.
@@ -89,7 +89,10 @@ async fn main() -> Result<()> {
     let options = QueryOptions {
         name: Some("count_per_key".to_owned()),
         trigger: Trigger::AvailableNow,
-        starting: StartingOffsets::Earliest,
+        sources: vec![SourceOptions {
+            starting: StartingOffsets::Earliest,
+            ..SourceOptions::default()
+        }],
         ..QueryOptions::default()
     };
     let query_id = checkpoint.id().to_owned();

@@ -13,6 +13,7 @@ mod memory_budget;
 mod runner;
 mod scale_out;
 mod security;
+mod sources;
 mod spark_checkpoint;
 mod sql;
 mod stateful;

@@ -370,7 +370,7 @@ async fn bad_records_stop_the_query_or_are_skipped_or_go_to_the_dead_letters() {
 }
 
 /// An Avro long: zig-zag encoded, then as a variable-length integer.
-fn avro_long(out: &mut Vec<u8>, n: i64) {
+pub(crate) fn avro_long(out: &mut Vec<u8>, n: i64) {
     let mut z = ((n << 1) ^ (n >> 63)) as u64;
     while z >= 0x80 {
         out.push((z as u8) | 0x80);
@@ -381,7 +381,7 @@ fn avro_long(out: &mut Vec<u8>, n: i64) {
 
 /// The order numbered `n` as Confluent's serializer frames it: a zero byte, the
 /// schema id, then the datum of `{order: long, customer: string, amount: long}`.
-fn avro_order(schema_id: u32, n: u64) -> Vec<u8> {
+pub(crate) fn avro_order(schema_id: u32, n: u64) -> Vec<u8> {
     let mut out = vec![0];
     out.extend_from_slice(&schema_id.to_be_bytes());
     avro_long(&mut out, n as i64);

@@ -300,3 +300,96 @@ async fn the_status_page_renders_the_running_query_and_agrees_with_the_progress_
     );
     delete_topic(&topic).await;
 }
+
+#[tokio::test]
+async fn a_query_of_two_sources_shows_each_ones_part_of_the_last_batch() {
+    let orders = sluice_tests::unique_name("statusorders");
+    let payments = sluice_tests::unique_name("statuspayments");
+    create_topic(&orders, 2).await;
+    create_topic(&payments, 1).await;
+    let p = producer();
+    let batch: Vec<sluice_tests::kafka::Out> = (0..20_u64)
+        .map(|i| {
+            sluice_tests::kafka::Out::new(
+                (i % 2) as i32,
+                format!("k{i}"),
+                format!(r#"{{"order":{i},"customer":"c{i}"}}"#),
+            )
+        })
+        .collect();
+    produce(&p, &orders, &batch).await;
+    let values: Vec<(i32, Option<Vec<u8>>)> = (0..5_u64)
+        .map(|n| (0, Some(crate::sql::avro_order(12, n))))
+        .collect();
+    sluice_tests::kafka::produce_values(&p, &payments, &values).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("order.avsc"), crate::sources::ORDER_AVSC).unwrap();
+    let sources = crate::sources::sources(dir.path(), &orders, &payments, false);
+    let config = crate::sources::config(dir.path(), "query.toml", &sources);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("available_now = true", "processing_time = \"200ms\"")
+        .replace(
+            "[progress]\n",
+            &format!("[progress]\nmetrics_addr = \"{addr}\"\n"),
+        );
+    std::fs::write(&config, text).unwrap();
+    let runner = Running::spawn(&["run", "--config", config.to_str().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let about = std::net::TcpStream::connect(&addr)
+            .ok()
+            .map(|_| get_json(&addr, "/api/about"));
+        if about.as_ref().is_some_and(|a| a["rows"] == 25) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the query did not read 25 rows: {about:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let reports = get_json(&addr, "/api/progress?last=120");
+    let last = reports.as_array().unwrap().last().unwrap().clone();
+    let profile = tempfile::tempdir().unwrap();
+    let url = format!("http://{addr}/");
+    let dom = tokio::task::spawn_blocking({
+        let profile = profile.path().to_owned();
+        move || chromium(&url, "--dump-dom", &profile)
+    })
+    .await
+    .unwrap();
+
+    let from = dom
+        .find("id=\"sources\"")
+        .expect("a section for the sources");
+    let tag = &dom[from..from + dom[from..].find('>').unwrap()];
+    assert!(!tag.contains("hidden"), "shown for two sources: {tag}");
+    let section = &dom[from..from + dom[from..].find("</section>").unwrap()];
+    let rows: Vec<&str> = section.split("<tr data-rows=").skip(1).collect();
+    assert_eq!(rows.len(), 2, "{section}");
+    for (row, (source, topic)) in rows.iter().zip(
+        last["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip([&orders, &payments]),
+    ) {
+        let read = source["numInputRows"].as_u64().unwrap();
+        assert!(
+            row.starts_with(&format!("\"{read}\"")),
+            "{row} for {source}"
+        );
+        assert!(row.contains(topic.as_str()), "{row}");
+    }
+
+    runner.signal("-TERM");
+    let output = tokio::task::spawn_blocking(move || runner.wait())
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    delete_topic(&orders).await;
+    delete_topic(&payments).await;
+}

@@ -57,7 +57,8 @@ pub use partition::{Offset, OffsetRange, PartitionOffsets, TopicPartition};
 pub use planning::Reach;
 pub use processor::{
     BadRecordPolicy, ERROR_HEADER, EventTime, EventTimeStats, LookupStats, PassThrough, Processed,
-    Processor, encode_state, next_watermark_ms, wants_batch_without_data,
+    Processor, SOURCE_WATERMARKS_CONF, encode_state, event_time_conf, next_watermark_ms,
+    source_watermarks_of, wants_batch_without_data,
 };
 pub use rate_limit::{MinOffsetsPerTrigger, rate_limit, should_run_batch};
 pub use record::{Header, Record, TimestampType};

@@ -8,6 +8,7 @@
 //! its [`StatefulOperator`]s, whose state the executor restores and makes durable,
 //! and its [`EventTime`], whose watermark goes into each plan.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 
 use crate::{BatchId, BatchMetadata, RecordChunk, StateFile, StateFileKind, StatefulOperator};
@@ -139,6 +140,56 @@ pub trait EventTime: Send {
 
     /// The event time of the batch just finished, for its progress report.
     fn stats(&self) -> EventTimeStats;
+
+    /// Each source's own watermark as of the batches finished, in a query of
+    /// several sources, which the next plan records
+    /// ([`SOURCE_WATERMARKS_CONF`]); empty for a query of one.
+    fn source_watermarks_ms(&self) -> Vec<Option<i64>>;
+
+    /// Takes back the sources' own watermarks recorded with the plan a
+    /// restart continues from, so that a source behind the others holds the
+    /// query's watermark back after a restart as it did before.
+    fn restore_source_watermarks(&mut self, watermarks_ms: &[Option<i64>]);
+}
+
+/// The `conf` key under which a plan records its sources' own watermarks as
+/// the batches before it left them ([`EventTime::source_watermarks_ms`]):
+/// Spark keeps only the query's, and ignores `conf` keys it does not know.
+pub const SOURCE_WATERMARKS_CONF: &str = "sluice.sourceWatermarksMs";
+
+/// The `conf` entries a plan records for the processor's event time: its
+/// sources' own watermarks, in a query of several.
+pub fn event_time_conf<P: Processor + ?Sized>(processor: &mut P) -> BTreeMap<String, String> {
+    let mut conf = BTreeMap::new();
+    if let Some(clock) = processor.event_time() {
+        let watermarks = clock.source_watermarks_ms();
+        if !watermarks.is_empty() {
+            let text: Vec<String> = watermarks
+                .iter()
+                .map(|w| w.map_or_else(|| "-".to_owned(), |ms| ms.to_string()))
+                .collect();
+            conf.insert(SOURCE_WATERMARKS_CONF.to_owned(), text.join(","));
+        }
+    }
+    conf
+}
+
+/// The sources' own watermarks of a plan's `conf` ([`event_time_conf`]):
+/// `None` when it records none, an error naming what is wrong otherwise.
+pub fn source_watermarks_of(
+    conf: &BTreeMap<String, String>,
+) -> Option<Result<Vec<Option<i64>>, String>> {
+    let text = conf.get(SOURCE_WATERMARKS_CONF)?;
+    Some(
+        text.split(',')
+            .map(|part| match part.trim() {
+                "-" => Ok(None),
+                ms => ms.parse().map(Some).map_err(|_| {
+                    format!("{SOURCE_WATERMARKS_CONF} = {text:?}: {ms:?} is not milliseconds or -")
+                }),
+            })
+            .collect(),
+    )
 }
 
 /// The watermark for the next batch's plan: the processor's event time's, or 0
@@ -187,7 +238,7 @@ pub fn encode_state<P: Processor + ?Sized>(
 
 /// The event time a batch's rows carried, and the watermark it ran under, in
 /// epoch milliseconds: Spark's `eventTime` progress entry.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct EventTimeStats {
     /// The watermark in force for the batch.
     pub watermark_ms: i64,
@@ -198,6 +249,10 @@ pub struct EventTimeStats {
     pub max_ms: Option<i64>,
     /// See `min_ms`.
     pub avg_ms: Option<i64>,
+    /// Each source's own watermark, by index, in a query reading several:
+    /// `None` for one that has not seen an event time yet, which the query's
+    /// watermark does not wait for. Empty for a query of one source.
+    pub source_watermarks_ms: Vec<Option<i64>>,
 }
 
 /// No processing: the sink receives the records as read.

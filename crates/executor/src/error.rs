@@ -95,6 +95,19 @@ where
         /// The partitions the query has.
         configured: u32,
     },
+    /// The checkpoint's plans have another number or order of sources than
+    /// the query.
+    #[error(
+        "the checkpoint holds offsets of {checkpoint}, and the query reads {config}: a \
+         checkpoint keeps the sources it was started with, in their order; declare them so \
+         again, or give the query a new checkpoint"
+    )]
+    SourcesDiffer {
+        /// The checkpoint's sources, by the topics of each line.
+        checkpoint: String,
+        /// The query's sources, by name.
+        config: String,
+    },
     /// A call kept failing transiently until the retry policy gave up.
     #[error(
         "{retried}; {}",

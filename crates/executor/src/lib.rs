@@ -39,6 +39,8 @@ pub use progress::{
     DurationMs, GroupProgress, LookupTableProgress, MemoryProgress, QueryProgress, SinkProgress,
     SourceProgress, StateOperatorProgress,
 };
-pub use query::{DEFAULT_POLLING_DELAY, Query, QueryError, QueryOptions, QueryStore, RunSummary};
+pub use query::{
+    DEFAULT_POLLING_DELAY, Query, QueryError, QueryOptions, QueryStore, RunSummary, SourceOptions,
+};
 pub use retry::{GaveUp, RetryPolicy};
 pub use trigger::Trigger;

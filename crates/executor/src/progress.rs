@@ -244,6 +244,10 @@ pub struct SourceProgress {
     pub processed_rows_per_second: f64,
     /// Lag and data-loss figures; strings, as Spark writes them.
     pub metrics: BTreeMap<String, String>,
+    /// The source's own watermark, in a query reading several with event
+    /// time: the query's is the least of them (Spark's default policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watermark: Option<String>,
 }
 
 /// The sink's part of a progress report.
@@ -259,11 +263,7 @@ pub struct SinkProgress {
 /// Spark's `eventTime` entry: the watermark always, and the rows' minimum,
 /// maximum and mean event time when the batch had any.
 pub(crate) fn event_time_entry(stats: &EventTimeStats) -> BTreeMap<String, String> {
-    let format = |ms: i64| {
-        let at = std::time::UNIX_EPOCH
-            + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-        humantime::format_rfc3339_millis(at).to_string()
-    };
+    let format = format_event_time;
     let mut entry = BTreeMap::new();
     entry.insert("watermark".to_owned(), format(stats.watermark_ms));
     for (name, value) in [
@@ -276,6 +276,14 @@ pub(crate) fn event_time_entry(stats: &EventTimeStats) -> BTreeMap<String, Strin
         }
     }
     entry
+}
+
+/// An event time as progress reports show it: RFC 3339 in UTC, to the
+/// millisecond.
+pub(crate) fn format_event_time(ms: i64) -> String {
+    let at =
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// Offsets as a JSON value in Spark's shape, built directly: encoding them and
@@ -569,6 +577,7 @@ mod tests {
                     ("badRecords".to_owned(), "0".to_owned()),
                     ("dataLossOffsets".to_owned(), "0".to_owned()),
                 ]),
+                watermark: None,
             }],
             sink: SinkProgress {
                 description: "discard".into(),

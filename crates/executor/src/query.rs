@@ -8,8 +8,9 @@ use sluice_core::{
     BadRecordPolicy, BatchCommit, BatchId, BatchMetadata, BatchPlan, BatchReader, BatchSizing,
     DataLoss, MemoryBudget, MinOffsetsPerTrigger, OffsetBounds, OffsetRange, OffsetStore,
     PartitionOffsets, PassThrough, Processed, Processor, Reach, RecordChunk, Recovery, Sink,
-    Source, StartingOffsets, StateStore, TopicPartition, Writes, next_watermark_ms, purge_due,
-    rate_limit, should_run_batch, snapshot_due, wants_batch_without_data,
+    Source, StartingOffsets, StateStore, TopicPartition, Writes, event_time_conf,
+    next_watermark_ms, purge_due, rate_limit, should_run_batch, snapshot_due, source_watermarks_of,
+    wants_batch_without_data,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -17,7 +18,7 @@ use tracing::Instrument;
 use crate::error::{data_loss, first_bad_record, gave_up};
 use crate::progress::{
     DurationMs, GroupProgress, LookupTableProgress, MemoryProgress, QueryProgress, SinkProgress,
-    SourceProgress, event_time_entry, offsets_value, source_metrics,
+    SourceProgress, event_time_entry, format_event_time, offsets_value, source_metrics,
 };
 use crate::retry::{Driver, Failed, Part, Reached, Tries};
 use crate::sinks::DiscardSink;
@@ -60,6 +61,7 @@ macro_rules! retrying {
 // After the macro, which they use.
 mod checkpoint;
 mod continuous;
+mod sources;
 mod stream;
 
 use checkpoint::StateWritten;
@@ -117,10 +119,9 @@ pub struct QueryOptions {
     /// The longest wait between looks for new data of an idle
     /// `ProcessingTime(0)` query; the waits start at a millisecond and double.
     pub polling_delay: Duration,
-    /// Where a fresh query starts.
-    pub starting: StartingOffsets,
-    /// The most offsets one batch reads, over all partitions.
-    pub max_offsets_per_trigger: Option<NonZeroU64>,
+    /// Each source's own options, in the order the source numbers them
+    /// ([`Source::source_of`]): one for a query of one stream.
+    pub sources: Vec<SourceOptions>,
     /// Wait for this many new offsets, but no longer than its delay.
     pub min_offsets_per_trigger: Option<MinOffsetsPerTrigger>,
     /// The memory a stateful query's state and a batch's own structures may
@@ -131,14 +132,10 @@ pub struct QueryOptions {
     pub fail_on_data_loss: bool,
     /// How many batches the offset store keeps.
     pub min_batches_to_retain: u64,
-    /// The source, as progress reports describe it.
-    pub source_description: String,
     /// The sink, as progress reports describe it.
     pub sink_description: String,
     /// How transient failures of the source, the store and the sink are retried.
     pub retry: RetryPolicy,
-    /// What happens to a record the processor cannot process.
-    pub on_bad_record: BadRecordPolicy,
     /// The member and partitions of a group-mode run, which every progress
     /// report carries.
     pub group: Option<GroupProgress>,
@@ -150,18 +147,50 @@ impl Default for QueryOptions {
             name: None,
             trigger: Trigger::default(),
             polling_delay: DEFAULT_POLLING_DELAY,
-            starting: StartingOffsets::default(),
-            max_offsets_per_trigger: None,
+            sources: vec![SourceOptions::default()],
             min_offsets_per_trigger: None,
             state_memory: None,
             fail_on_data_loss: true,
             min_batches_to_retain: sluice_core::DEFAULT_MIN_BATCHES_TO_RETAIN,
-            source_description: "source".to_owned(),
             sink_description: "sink".to_owned(),
             retry: RetryPolicy::default(),
-            on_bad_record: BadRecordPolicy::default(),
             group: None,
         }
+    }
+}
+
+/// What one source of a query does: where it starts, how much a batch
+/// reads of it, and how progress names it.
+#[derive(Clone, Debug)]
+pub struct SourceOptions {
+    /// The source, as progress reports describe it.
+    pub description: String,
+    /// Where a fresh query starts on it.
+    pub starting: StartingOffsets,
+    /// The most offsets one batch reads of it, over its partitions.
+    pub max_offsets_per_trigger: Option<NonZeroU64>,
+    /// What happens to a record of it the processor cannot process.
+    pub on_bad_record: BadRecordPolicy,
+}
+
+impl Default for SourceOptions {
+    fn default() -> Self {
+        SourceOptions {
+            description: "source".to_owned(),
+            starting: StartingOffsets::default(),
+            max_offsets_per_trigger: None,
+            on_bad_record: BadRecordPolicy::default(),
+        }
+    }
+}
+
+impl QueryOptions {
+    /// The options of the query's one source, for a query that reads one.
+    pub fn source(&mut self) -> &mut SourceOptions {
+        if self.sources.is_empty() {
+            self.sources.push(SourceOptions::default());
+        }
+        &mut self.sources[0]
     }
 }
 
@@ -214,9 +243,20 @@ pub struct Query<Src, Store, Snk, Proc = PassThrough, Dead = DiscardSink> {
 #[derive(Default)]
 struct Streamed {
     rows: u64,
+    /// Input rows and bad records of each source, by its index.
+    by_source: Vec<(u64, u64)>,
     output_rows: u64,
     bad_records: u64,
     losses: Vec<DataLoss>,
+}
+
+impl Streamed {
+    fn of_source(&mut self, source: usize) -> &mut (u64, u64) {
+        if self.by_source.len() <= source {
+            self.by_source.resize(source + 1, (0, 0));
+        }
+        &mut self.by_source[source]
+    }
 }
 
 /// A batch whose output the sink has and whose state is written, with the
@@ -500,6 +540,9 @@ where
                     .collect(),
                 inconsistency,
             })?;
+        if let Some(plan) = &stored.latest_plan {
+            self.check_sources(plan)?;
+        }
         self.take_over_sink().await?;
         self.confirm_claim().await?;
         summary.last_committed = stored.latest_commit.as_ref().map(|c| c.id);
@@ -510,6 +553,9 @@ where
             }
         };
         self.restore_state(state_version).await?;
+        if let Some(plan) = &stored.latest_plan {
+            self.restore_source_watermarks(plan)?;
+        }
         let last_watermark = stored
             .latest_plan
             .as_ref()
@@ -581,23 +627,34 @@ where
         trigger_start: Instant,
         timestamp: SystemTime,
     ) -> Result<Planned, QueryError<Src, Store, Proc, Snk, Dead>> {
-        let max_offsets = match self.options.trigger {
-            Trigger::Once => None,
-            _ => self.options.max_offsets_per_trigger,
+        // Once is one batch of everything, as the user asked: neither a rate
+        // limit nor a budget may leave the rest unread.
+        let once = self.options.trigger == Trigger::Once;
+        let available = reach.available();
+        // Several sources each take their own limit first; the memory budget
+        // then shares what they leave.
+        let (reach, max_offsets) = match self.options.sources.as_slice() {
+            [one] => (reach, one.max_offsets_per_trigger.filter(|_| !once)),
+            _ if once => (reach, None),
+            _ => {
+                let reachable = self.source_limits(&reach.from, &reach.reachable);
+                let capped = Reach { reachable, ..reach };
+                (capped, None)
+            }
         };
-        // Once is one batch of everything, as the user asked: a budget would
-        // leave the rest unread.
-        let sizing = match self.options.trigger {
-            Trigger::Once => None,
-            _ => self.memory_sizing(),
-        };
+        let capped = reach.available() < available;
+        let sizing = if once { None } else { self.memory_sizing() };
         let budget = match (max_offsets, sizing) {
             (Some(most), Some(sizing)) => Some(most.min(sizing.max_records)),
             (most, sizing) => most.or(sizing.map(|s| s.max_records)),
         };
         let sizing = sizing.map(|sizing| {
             let limited_by = if reach.available() <= budget.map_or(u64::MAX, NonZeroU64::get) {
-                "available"
+                if capped {
+                    "maxOffsetsPerTrigger"
+                } else {
+                    "available"
+                }
             } else if max_offsets.is_some_and(|most| most <= sizing.max_records) {
                 "maxOffsetsPerTrigger"
             } else {
@@ -609,14 +666,14 @@ where
         let metadata = BatchMetadata {
             watermark_ms: next_watermark_ms(&mut self.processor),
             timestamp_ms: epoch_ms(timestamp),
-            conf: Default::default(),
+            conf: event_time_conf(&mut self.processor),
         };
-        let plan = BatchPlan::from_offsets(id, &reach.from, &end, metadata).map_err(|e| {
-            ExecutorError::Plan {
+        let plan = self
+            .with_sources(BatchPlan::from_offsets(id, &reach.from, &end, metadata))
+            .map_err(|e| ExecutorError::Plan {
                 batch: id.0,
                 reason: e.to_string(),
-            }
-        })?;
+            })?;
         Ok(Planned {
             plan,
             replay: false,
@@ -871,6 +928,7 @@ where
             rows,
             &end,
             &(streamed.output_rows, streamed.bad_records),
+            &streamed.by_source,
         );
         progress.state_operators = self.state_progress(&state);
         if let Some((sizing, limited_by)) = planned.sizing {
@@ -996,12 +1054,26 @@ where
         &mut self,
         partitions: &BTreeMap<TopicPartition, OffsetBounds>,
     ) -> Result<PartitionOffsets, QueryError<Src, Store, Proc, Snk, Dead>> {
-        retrying!(self, Part::Source, "resolving starting offsets", async {
-            self.source
-                .starting_offsets(&self.options.starting, partitions)
-                .await
-                .map_err(ExecutorError::Source)
-        })
+        let mut starts = PartitionOffsets::new();
+        for (index, options) in self.options.sources.clone().iter().enumerate() {
+            let several = self.options.sources.len() > 1;
+            let mine: BTreeMap<TopicPartition, OffsetBounds> = partitions
+                .iter()
+                .filter(|(tp, _)| !several || self.source.source_of(&tp.topic) == Some(index))
+                .map(|(tp, bounds)| (tp.clone(), *bounds))
+                .collect();
+            if several && mine.is_empty() {
+                continue;
+            }
+            let resolved = retrying!(self, Part::Source, "resolving starting offsets", async {
+                self.source
+                    .starting_offsets(&options.starting, &mine)
+                    .await
+                    .map_err(ExecutorError::Source)
+            })?;
+            starts.extend(resolved);
+        }
+        Ok(starts)
     }
 
     fn progress(
@@ -1010,8 +1082,9 @@ where
         rows: u64,
         end: &PartitionOffsets,
         counts: &(u64, u64),
+        by_source: &[(u64, u64)],
     ) -> QueryProgress {
-        let (output_rows, bad_records) = *counts;
+        let (output_rows, _) = *counts;
         let execution = planned.durations.trigger_execution.max(1) as f64 / 1_000_000.0;
         let since_last = self
             .last_trigger
@@ -1043,22 +1116,7 @@ where
                 .into_iter()
                 .map(LookupTableProgress::from)
                 .collect(),
-            sources: vec![SourceProgress {
-                description: self.options.source_description.clone(),
-                start_offset: offsets_value(&planned.plan.start_offsets()),
-                end_offset: offsets_value(end),
-                latest_offset: offsets_value(&planned.latest),
-                num_input_rows: rows,
-                input_rows_per_second: input_rate,
-                processed_rows_per_second: processed_rate,
-                metrics: source_metrics(
-                    end,
-                    &planned.latest,
-                    &planned.losses,
-                    bad_records,
-                    self.source.read_amplification().as_ref(),
-                ),
-            }],
+            sources: self.source_progress(planned, end, since_last, execution, by_source),
             sink: SinkProgress {
                 description: self.options.sink_description.clone(),
                 num_output_rows: output_rows,

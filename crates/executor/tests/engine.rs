@@ -12,7 +12,8 @@ use sluice_core::{
     TimestampType, TopicPartition, Writes,
 };
 use sluice_executor::{
-    ExecutorError, GaveUp, Query, QueryOptions, QueryProgress, Retried, RetryPolicy, Trigger,
+    ExecutorError, GaveUp, Query, QueryOptions, QueryProgress, Retried, RetryPolicy, SourceOptions,
+    Trigger,
 };
 use tokio::sync::watch;
 
@@ -507,8 +508,11 @@ fn off(v: i64) -> Offset {
 fn options(trigger: Trigger, max: Option<u64>) -> QueryOptions {
     QueryOptions {
         trigger,
-        starting: StartingOffsets::Earliest,
-        max_offsets_per_trigger: max.and_then(std::num::NonZeroU64::new),
+        sources: vec![SourceOptions {
+            starting: StartingOffsets::Earliest,
+            max_offsets_per_trigger: max.and_then(std::num::NonZeroU64::new),
+            ..SourceOptions::default()
+        }],
         ..QueryOptions::default()
     }
 }
@@ -1000,7 +1004,7 @@ async fn progress_has_sparks_fields() {
     let source = MemSource::with(&[(0, 10), (1, 4)]);
     let mut opts = options(Trigger::AvailableNow, Some(8));
     opts.name = Some("orders".into());
-    opts.source_description = "KafkaV2[Subscribe[events]]".into();
+    opts.source().description = "KafkaV2[Subscribe[events]]".into();
     let mut query = Query::new(
         opts,
         "query-1".into(),
@@ -1492,6 +1496,12 @@ impl EventTime for PickyProcessor {
     fn stats(&self) -> sluice_core::EventTimeStats {
         sluice_core::EventTimeStats::default()
     }
+
+    fn source_watermarks_ms(&self) -> Vec<Option<i64>> {
+        Vec::new()
+    }
+
+    fn restore_source_watermarks(&mut self, _watermarks_ms: &[Option<i64>]) {}
 }
 
 #[tokio::test]
@@ -1501,9 +1511,10 @@ async fn bad_records_stop_the_query_or_are_skipped_or_go_to_the_dead_letters() {
         let source = MemSource::with(&[(0, 25), (1, 10)]);
         let (store, sink, dead) = (MemStore::default(), MemSink::default(), MemSink::default());
         let mut query = Query::with_processor(
-            QueryOptions {
-                on_bad_record: policy,
-                ..options(Trigger::AvailableNow, Some(20))
+            {
+                let mut options = options(Trigger::AvailableNow, Some(20));
+                options.source().on_bad_record = policy;
+                options
             },
             "q".into(),
             source,

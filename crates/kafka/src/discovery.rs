@@ -9,6 +9,17 @@ use sluice_core::TopicPartition;
 
 use crate::TopicSelection;
 
+/// Whether `selection` reads `topic`, whatever partitions the cluster has.
+pub(crate) fn selects(selection: &TopicSelection, pattern: Option<&Regex>, topic: &str) -> bool {
+    match selection {
+        TopicSelection::Assign(assigned) => assigned.contains_key(topic),
+        TopicSelection::Subscribe(topics) => topics.iter().any(|t| t == topic),
+        TopicSelection::SubscribePattern(_) => {
+            !topic.starts_with("__") && pattern.is_some_and(|p| p.is_match(topic))
+        }
+    }
+}
+
 /// The partitions of `selection` that `metadata` knows. An assigned partition the
 /// cluster does not have is left out: the data-loss classification reports it.
 /// Topic names are taken from `names`, and added to it, so that the partitions

@@ -16,6 +16,7 @@ mod membership;
 mod reader;
 mod refusal;
 mod sink;
+mod sources;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -38,6 +39,7 @@ pub use config::{
 pub use error::KafkaError;
 pub use membership::{GroupConfig, GroupProtocol, KafkaMembership, live_members};
 pub use sink::{Delivery, KafkaSink, KafkaSinkConfig};
+pub use sources::{KafkaSources, KafkaSourcesReader};
 
 /// Routes librdkafka's own log lines to `tracing`, and keeps the reason of a
 /// cluster that refuses the client (see `refusal`).
@@ -243,6 +245,15 @@ impl KafkaSource {
         .filter(|b| *b > 0)
     }
 
+    /// Whether the source reads `topic` (some of its partitions, for `assign`).
+    pub fn selects(&self, topic: &str) -> bool {
+        discovery::selects(
+            &self.client.config.selection,
+            self.client.pattern.as_ref(),
+            topic,
+        )
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &KafkaSourceConfig {
         &self.client.config
@@ -279,16 +290,23 @@ pub struct KafkaBatchReader {
     finished: bool,
 }
 
-impl BatchReader for KafkaBatchReader {
-    type Error = KafkaError;
-
-    async fn next_chunk(&mut self) -> Result<Option<RecordChunk>, KafkaError> {
+impl KafkaBatchReader {
+    /// [`BatchReader::next_chunk`] as a poll, so that the readers of several
+    /// sources can be waited on together; nothing is lost when a poll is left
+    /// pending.
+    pub(crate) fn poll_chunk(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Option<RecordChunk>, KafkaError>> {
+        use std::task::Poll;
         if self.finished {
-            return Ok(None);
+            return Poll::Ready(Ok(None));
         }
-        let event = self.events.recv().await;
+        let Poll::Ready(event) = self.events.poll_recv(cx) else {
+            return Poll::Pending;
+        };
         self.shared.signal.notify();
-        match event {
+        Poll::Ready(match event {
             Some(Ok(reader::Event::Chunk(chunk))) => Ok(Some(chunk)),
             Some(Ok(reader::Event::Done(losses))) => {
                 self.finished = true;
@@ -305,7 +323,15 @@ impl BatchReader for KafkaBatchReader {
                     "the reading thread stopped before the batch was read".to_owned(),
                 ))
             }
-        }
+        })
+    }
+}
+
+impl BatchReader for KafkaBatchReader {
+    type Error = KafkaError;
+
+    async fn next_chunk(&mut self) -> Result<Option<RecordChunk>, KafkaError> {
+        std::future::poll_fn(|cx| self.poll_chunk(cx)).await
     }
 
     fn data_loss(&self) -> &[DataLoss] {

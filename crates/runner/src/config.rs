@@ -13,18 +13,17 @@ mod tables;
 mod trigger;
 mod values;
 
-use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use serde::Deserialize;
-use sluice_core::{MinOffsetsPerTrigger, StartingOptions};
+use sluice_core::MinOffsetsPerTrigger;
 use sluice_executor::Trigger;
 use sluice_kafka::KafkaSourceConfig;
 
 pub use checkpoint::{CassandraAuth, CheckpointSection, StoreKind};
-pub use processing::{DeadLetterSection, DeadLetters, Processing, QuerySection};
+pub use processing::{DeadLetterSection, DeadLetters, Processing, QuerySection, StreamSettings};
 pub use retry::RetrySection;
 pub use scale_out::ScaleOutSection;
 pub use sink::{SinkKind, SinkSection};
@@ -43,8 +42,11 @@ pub const CHECKPOINT_ENV: &str = "SLUICE_CHECKPOINT_LOCATION";
 pub struct Config {
     /// The query's name, for logs and progress.
     pub name: Option<String>,
-    /// Where records come from.
-    pub source: SourceSection,
+    /// Where records come from, for a query of one stream.
+    pub source: Option<SourceSection>,
+    /// Where records come from, for a query of several streams: a
+    /// `[sources.<table>]` each, in the file's order.
+    pub sources: Option<toml::Table>,
     /// Where offsets are kept.
     pub checkpoint: CheckpointSection,
     /// When batches run.
@@ -86,20 +88,37 @@ pub struct Settings {
     pub processing: Processing,
     pub dead_letters: DeadLetters,
     pub name: Option<String>,
-    pub kafka: KafkaSourceConfig,
-    pub starting: StartingOptions,
     pub trigger: Trigger,
     pub polling_delay: Duration,
-    pub max_offsets_per_trigger: Option<NonZeroU64>,
     pub min_offsets_per_trigger: Option<MinOffsetsPerTrigger>,
     pub checkpoint: StoreKind,
     pub min_batches_to_retain: u64,
     pub sink: SinkKind,
     pub progress: ProgressSection,
-    pub source_description: String,
     pub retry: sluice_executor::RetryPolicy,
     /// Group mode, and how its members agree; `None` for one process.
     pub scale_out: Option<sluice_kafka::GroupProtocol>,
+    /// Every source, in the order the checkpoint numbers them: the one of
+    /// `[source]`, or each of `[sources.<table>]`; never empty.
+    pub sources: Vec<StreamSettings>,
+}
+
+impl Settings {
+    /// The first source: the only one of a query of one stream.
+    pub fn first(&self) -> &StreamSettings {
+        &self.sources[0]
+    }
+
+    /// The first source, to change.
+    pub fn first_mut(&mut self) -> &mut StreamSettings {
+        &mut self.sources[0]
+    }
+
+    /// The first source's client settings: the cluster a Kafka sink and
+    /// dead-letter topic are on by default, and group mode's source.
+    pub fn kafka(&self) -> &KafkaSourceConfig {
+        &self.first().source.kafka
+    }
 }
 
 /// Reads and checks a configuration file. Every error names the file, and the
@@ -144,21 +163,52 @@ fn with_suggestion(message: &str) -> String {
 /// (source, trigger, checkpoint, processing, sink, retry), then what they ask
 /// of each other.
 fn settings(config: Config) -> Result<Settings> {
-    let mut source = SourceSettings::try_from(&config.source)?;
+    let sections = source_sections(config.source, config.sources)?;
+    let several = sections.len() > 1;
     let trigger = TriggerSettings::try_from(&config.trigger)?;
-    trigger::fit_source(trigger.trigger, &mut source)?;
+    let mut streams = Vec::with_capacity(sections.len());
+    for (name, section) in &sections {
+        let at = || match several {
+            true => format!("[sources.{name}]"),
+            false => "[source]".to_owned(),
+        };
+        let mut source = SourceSettings::try_from(section).with_context(at)?;
+        if several && source.min_offsets_per_trigger.is_some() {
+            bail!(
+                "{}: min_offsets_per_trigger is for a query of one source; a query of several \
+                 runs a batch when any of them has new offsets",
+                at()
+            );
+        }
+        trigger::fit_source(trigger.trigger, &mut source).with_context(at)?;
+        let stream = processing::stream(name, section, source).with_context(at)?;
+        streams.push(stream);
+    }
+    if several {
+        distinct_topics(&streams)?;
+    }
+    let source = streams[0].source.clone();
     let checkpoint = StoreKind::try_from(&config.checkpoint)?;
     let (mut processing, dead_letters) = processing::processing(
-        &config.source,
+        &sections[0].1,
         config.query,
         config.dead_letter,
         &source.kafka,
+        streams.iter().map(|s| s.on_bad_record),
     )?;
-    processing.tables = tables::tables(config.tables, &processing.table)?;
+    processing.table = streams[0].table.clone();
+    processing.tables = tables::tables(config.tables, &streams)?;
     if !processing.tables.is_empty() && processing.sql.is_none() {
         anyhow::bail!(
             "[tables.{}] is declared, but there is no [query] sql to join it with the stream",
             processing.tables[0].name
+        );
+    }
+    if several && processing.sql.is_none() {
+        bail!(
+            "[sources.*] declares {} sources, and there is no [query] sql to combine them: \
+             write one, with UNION ALL or joins with lookup tables",
+            streams.len()
         );
     }
     let sink = sink::sink(config.sink, &source.kafka, trigger.trigger, &processing)?;
@@ -170,24 +220,99 @@ fn settings(config: Config) -> Result<Settings> {
         trigger.trigger,
         &dead_letters,
     )?;
+    if several && scale_out.is_some() {
+        bail!(
+            "scale_out shares one source's partitions over a consumer group, and [sources.*] \
+             declares {}: run a query of several sources in one process",
+            streams.len()
+        );
+    }
     Ok(Settings {
         processing,
         dead_letters,
         retry,
         name: config.name,
-        kafka: source.kafka,
-        starting: source.starting,
         trigger: trigger.trigger,
         polling_delay: trigger.polling_delay,
-        max_offsets_per_trigger: source.max_offsets_per_trigger,
         min_offsets_per_trigger: source.min_offsets_per_trigger,
         min_batches_to_retain: config.checkpoint.min_batches_to_retain()?,
         checkpoint,
         scale_out,
         sink,
         progress: config.progress,
-        source_description: source.description,
+        sources: streams,
     })
+}
+
+/// The query's source sections with their table names, in order: `[source]`
+/// alone, or each `[sources.<table>]`.
+fn source_sections(
+    source: Option<SourceSection>,
+    sources: Option<toml::Table>,
+) -> Result<Vec<(String, SourceSection)>> {
+    match (source, sources) {
+        (Some(_), Some(_)) => bail!(
+            "[source] and [sources.*] are both set: a query reads one stream with [source], or \
+             several with a [sources.<table>] each; move [source] to [sources.<its table>]"
+        ),
+        (None, None) => bail!(
+            "there is no [source]: declare the stream a query reads with [source], or several \
+             with [sources.<table>]"
+        ),
+        (Some(source), None) => {
+            let table = source.table.clone().unwrap_or_else(|| "source".to_owned());
+            Ok(vec![(table, source)])
+        }
+        (None, Some(sources)) => {
+            if sources.is_empty() {
+                bail!("[sources] declares no source: add a [sources.<table>] for each stream");
+            }
+            sources
+                .into_iter()
+                .map(|(name, value)| {
+                    let section: SourceSection =
+                        value.try_into().map_err(|e: toml::de::Error| {
+                            anyhow::anyhow!("[sources.{name}]: {}", with_suggestion(e.message()))
+                        })?;
+                    if section.table.as_ref().is_some_and(|t| *t != name) {
+                        bail!(
+                            "[sources.{name}] sets table = {:?}: a source of [sources.*] is the \
+                             table its section names; leave table out",
+                            section.table.as_deref().unwrap_or_default()
+                        );
+                    }
+                    Ok((name, section))
+                })
+                .collect()
+        }
+    }
+}
+
+/// Refuses a topic that two sources name: its records would be read once for
+/// each, as rows of two tables. Patterns are checked as topics appear.
+fn distinct_topics(streams: &[StreamSettings]) -> Result<()> {
+    let mut seen: std::collections::BTreeMap<&str, &str> = Default::default();
+    for stream in streams {
+        let topics: Vec<&str> = match &stream.source.kafka.selection {
+            sluice_kafka::TopicSelection::Subscribe(topics) => {
+                topics.iter().map(String::as_str).collect()
+            }
+            sluice_kafka::TopicSelection::Assign(assigned) => {
+                assigned.keys().map(String::as_str).collect()
+            }
+            sluice_kafka::TopicSelection::SubscribePattern(_) => Vec::new(),
+        };
+        for topic in topics {
+            if let Some(other) = seen.insert(topic, &stream.table) {
+                bail!(
+                    "topic {topic} is read by [sources.{other}] and [sources.{}]: a topic may be \
+                     read by one source only",
+                    stream.table
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where the metrics endpoint listens: `host:port` as given, or loopback for a

@@ -103,6 +103,7 @@ impl Exit {
                 error: e.into(),
             },
             e @ (ExecutorError::StatePartitions { .. }
+            | ExecutorError::SourcesDiffer { .. }
             | ExecutorError::ContinuousWithState { .. }) => Exit::config(e.into()),
             e @ ExecutorError::BadRecord { .. } => Exit {
                 code: 5,

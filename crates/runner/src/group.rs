@@ -88,22 +88,22 @@ pub(crate) async fn run(
     protocol: GroupProtocol,
 ) -> Result<(), Exit> {
     let group_id = settings
-        .kafka
+        .kafka()
         .group_id
         .clone()
         .expect("the configuration refuses scale_out without a group_id");
-    let topics = GroupConfig::topics_of(&settings.kafka.selection).map_err(Classify::exit)?;
+    let topics = GroupConfig::topics_of(&settings.kafka().selection).map_err(Classify::exit)?;
     let member = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let directory = CassandraDirectory::open(location.clone(), options.clone())
         .await
         .map_err(Exit::cassandra)?;
     let membership = KafkaMembership::join(
         &GroupConfig {
-            bootstrap_servers: settings.kafka.bootstrap_servers.clone(),
+            bootstrap_servers: settings.kafka().bootstrap_servers.clone(),
             group_id: group_id.clone(),
             topics,
             protocol,
-            client_options: settings.kafka.client_options.clone(),
+            client_options: settings.kafka().client_options.clone(),
         },
         &member,
     )
@@ -191,13 +191,13 @@ impl RunnerGenerations {
                 .push(tp.partition);
         }
         let mut settings = (*self.settings).clone();
-        settings.kafka.selection = TopicSelection::Assign(assign);
+        settings.first_mut().source.kafka.selection = TopicSelection::Assign(assign);
         settings
     }
 
     /// The source over the query's whole subscription, for lookups.
     fn subscription(&self) -> Result<KafkaSource, GenerationFailed> {
-        KafkaSource::new(self.settings.kafka.clone(), "lookups").map_err(from_kafka)
+        KafkaSource::new(self.settings.kafka().clone(), "lookups").map_err(from_kafka)
     }
 
     /// Runs the query of `generation` with `store` until `stop` turns true.
@@ -263,7 +263,10 @@ impl Generations for RunnerGenerations {
         let mut source = self.subscription()?;
         let partitions = source.partitions().await.map_err(from_kafka)?;
         source
-            .starting_offsets(&self.settings.starting.resolve(), &partitions)
+            .starting_offsets(
+                &self.settings.first().source.starting.resolve(),
+                &partitions,
+            )
             .await
             .map_err(from_kafka)
     }
@@ -291,7 +294,7 @@ impl Generations for RunnerGenerations {
         stop: watch::Receiver<bool>,
     ) -> Result<StoredBatches, GenerationFailed> {
         let mut settings = self.settings_over(starts.keys().cloned());
-        settings.starting = StartingOptions {
+        settings.first_mut().source.starting = StartingOptions {
             starting_offsets: Some(StartingOffsets::Specific(
                 starts
                     .iter()

@@ -36,7 +36,7 @@ use sluice_checkpoint_fs::Checkpoint;
 use sluice_core::{OffsetStore, PassThrough, Processor, Source, Writes};
 use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, DiscardSink, JsonlSink};
 use sluice_executor::{Query, QueryOptions, QueryProgress, QueryStore};
-use sluice_kafka::{KafkaSink, KafkaSource};
+use sluice_kafka::{KafkaSink, KafkaSource, KafkaSources};
 use sluice_sql::{Decoder, LookupTable, SqlProcessor, StreamQuery, TableLoader};
 use sluice_tables::{CassandraTable, FileTable};
 use tokio::sync::watch;
@@ -231,8 +231,7 @@ where
     St: QueryStore,
     <St as OffsetStore>::Error: Classify,
 {
-    let source =
-        KafkaSource::new(settings.kafka.clone(), &query_id).map_err(|e| Exit::config(e.into()))?;
+    let source = kafka_sources(&settings, &query_id)?;
     tracing::info!(query = %query_id, offsets = %shown, "starting");
     let parts = Parts {
         settings,
@@ -252,28 +251,71 @@ where
     parts.with_sink(store, processor, dead, Some(schema)).await
 }
 
-/// The decoder and the query of a configuration, planned.
+/// The sources as the status page and `validate` name them.
+fn describe_sources(settings: &Settings) -> String {
+    match settings.sources.as_slice() {
+        [one] => one.source.description.clone(),
+        several => several
+            .iter()
+            .map(|s| format!("{}: {}", s.table, s.source.description))
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
+/// The Kafka source of each of the configuration's sources, in order.
+fn kafka_sources(settings: &Settings, query_id: &str) -> Result<KafkaSources, Exit> {
+    let sources = settings
+        .sources
+        .iter()
+        .map(|stream| {
+            KafkaSource::new(stream.source.kafka.clone(), query_id)
+                .map(|source| (stream.table.clone(), source))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(KafkaSources::new)
+        .map_err(|e| Exit::config(e.into()))?;
+    Ok(sources)
+}
+
+/// The decoders and the query of a configuration, planned.
 async fn processor(settings: &Settings) -> Result<SqlProcessor, Exit> {
     let processing = &settings.processing;
-    let decoder = Decoder::new(processing.format.clone(), settings.kafka.include_headers);
+    let decoders: Vec<Decoder> = settings
+        .sources
+        .iter()
+        .map(|stream| Decoder::new(stream.format.clone(), stream.source.kafka.include_headers))
+        .collect();
     let lookups = lookup_tables(&processing.tables).await?;
     let mut options = processing.query_options();
     options.lookup_tables = lookups.iter().map(|(table, _)| table.clone()).collect();
+    let streams: Vec<(String, sluice_sql::arrow::datatypes::SchemaRef)> = settings
+        .sources
+        .iter()
+        .zip(&decoders)
+        .map(|(stream, decoder)| (stream.table.clone(), decoder.schema()))
+        .collect();
     let query = match &processing.sql {
         Some(sql) => Some(
-            StreamQuery::plan_with(sql, &processing.table, decoder.schema(), &options)
+            StreamQuery::plan_streams(sql, &streams, &options)
                 .await
                 .map_err(|e| Exit::config(anyhow::Error::new(e).context("query.sql")))?,
         ),
         None => None,
     };
-    let processor = SqlProcessor::new(decoder, query).with_lookups(lookups);
-    match &processing.watermark {
-        Some((column, delay_ms)) => processor
-            .with_watermark(column, *delay_ms)
-            .map_err(|e| Exit::config(e.into())),
-        None => Ok(processor),
+    let mut processor = SqlProcessor::with_sources(decoders, query).with_lookups(lookups);
+    for (index, stream) in settings.sources.iter().enumerate() {
+        if let Some((column, delay_ms)) = &stream.watermark {
+            let at = match settings.sources.len() {
+                1 => "[source]".to_owned(),
+                _ => format!("[sources.{}]", stream.table),
+            };
+            processor = processor
+                .with_source_watermark(index, column, *delay_ms)
+                .map_err(|e| Exit::config(anyhow::Error::new(e).context(at)))?;
+        }
     }
+    Ok(processor)
 }
 
 /// The lookup tables of `[tables.*]`: a file table read once, a Cassandra
@@ -353,7 +395,7 @@ fn jsonl(
 struct Parts {
     settings: Settings,
     query_id: String,
-    source: KafkaSource,
+    source: KafkaSources,
     /// The store as the start line and the status page name it.
     store_description: String,
     /// Turns true when the run is to stop after the batch in flight.
@@ -485,7 +527,7 @@ fn group_progress(
     settings: &Settings,
     generation: &sluice_core::Generation,
 ) -> sluice_executor::GroupProgress {
-    let held: Vec<sluice_core::TopicPartition> = match &settings.kafka.selection {
+    let held: Vec<sluice_core::TopicPartition> = match &settings.kafka().selection {
         sluice_kafka::TopicSelection::Assign(topics) => topics
             .iter()
             .flat_map(|(topic, partitions)| {
@@ -544,16 +586,22 @@ where
         name: settings.name.clone(),
         trigger: settings.trigger,
         polling_delay: settings.polling_delay,
-        starting: settings.starting.resolve(),
-        max_offsets_per_trigger: settings.max_offsets_per_trigger,
+        sources: settings
+            .sources
+            .iter()
+            .map(|stream| sluice_executor::SourceOptions {
+                description: stream.source.description.clone(),
+                starting: stream.source.starting.resolve(),
+                max_offsets_per_trigger: stream.source.max_offsets_per_trigger,
+                on_bad_record: stream.on_bad_record,
+            })
+            .collect(),
         min_offsets_per_trigger: settings.min_offsets_per_trigger,
         state_memory: Some(settings.processing.state_memory_bytes),
-        fail_on_data_loss: settings.kafka.fail_on_data_loss,
+        fail_on_data_loss: settings.kafka().fail_on_data_loss,
         min_batches_to_retain: settings.min_batches_to_retain,
-        source_description: settings.source_description.clone(),
         sink_description: sink_description.clone(),
         retry: settings.retry,
-        on_bad_record: settings.processing.on_bad_record,
         group: group.clone(),
     };
     let mut progress_file = progress_file(&settings)?;
@@ -566,7 +614,7 @@ where
         id: query_id.clone(),
         run_id: String::new(),
         trigger: describe_trigger(settings.trigger),
-        source: settings.source_description.clone(),
+        source: describe_sources(&settings),
         store: store_description,
         sink: sink_description.clone(),
     };
@@ -661,10 +709,10 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
             .await
             .map_err(Classify::exit)?;
     }
-    let mut source =
-        KafkaSource::new(settings.kafka.clone(), "validate").map_err(|e| Exit::config(e.into()))?;
+    let mut source = KafkaSource::new(settings.kafka().clone(), "validate")
+        .map_err(|e| Exit::config(e.into()))?;
     let partitions = source.partitions().await.map_err(Classify::exit)?;
-    let missing: Vec<String> = match &settings.kafka.selection {
+    let missing: Vec<String> = match &settings.kafka().selection {
         sluice_kafka::TopicSelection::Subscribe(topics) => topics
             .iter()
             .filter(|t| !partitions.keys().any(|tp| *tp.topic == ***t))
@@ -685,7 +733,7 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
         return Err(Exit::config(anyhow::anyhow!(
             "{}: Kafka at {} has no {}",
             config.display(),
-            settings.kafka.bootstrap_servers,
+            settings.kafka().bootstrap_servers,
             missing.join(", ")
         )));
     }
@@ -706,9 +754,9 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
     println!(
         "{}: valid; Kafka at {} answers with {} partitions for {}; checkpoint {}",
         config.display(),
-        settings.kafka.bootstrap_servers,
+        settings.kafka().bootstrap_servers,
         partitions.len(),
-        settings.source_description,
+        describe_sources(&settings),
         checkpoint
     );
     Ok(())
@@ -783,6 +831,7 @@ mod tests {
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
+                watermark: None,
             }],
             sink: SinkProgress {
                 description: "jsonl".to_owned(),

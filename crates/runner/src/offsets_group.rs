@@ -184,18 +184,18 @@ pub(crate) async fn set(
         )));
     }
     let group = settings
-        .kafka
+        .kafka()
         .group_id
         .clone()
         .ok_or_else(|| Exit::config(anyhow!("{} has no source.group_id", config.display())))?;
-    let kafka = settings.kafka.clone();
+    let kafka = settings.kafka().clone();
     let members = tokio::task::spawn_blocking(move || {
         sluice_kafka::live_members(&kafka.bootstrap_servers, &group, &kafka.client_options)
     })
     .await
     .map_err(|e| Exit::runtime(anyhow!("describing the consumer group: {e}")))?
     .map_err(Classify::exit)?;
-    let group = settings.kafka.group_id.as_deref().unwrap_or_default();
+    let group = settings.kafka().group_id.as_deref().unwrap_or_default();
     if !members.is_empty() {
         let names: Vec<String> = members
             .iter()

@@ -413,12 +413,12 @@ impl PartitionStream for LookupPartition {
     }
 }
 
-/// `plan` with each hash join between the stream (the table whose schema is
-/// `stream`) and lookup tables replaced by a [`LookupJoinExec`]; any other join
+/// `plan` with each hash join between a stream (a table whose schema is one
+/// of `stream`) and lookup tables replaced by a [`LookupJoinExec`]; any other join
 /// of the stream refused, with what to write instead.
 pub(crate) fn lookup_joins(
     plan: Arc<dyn ExecutionPlan>,
-    stream: &SchemaRef,
+    stream: &[SchemaRef],
     tables: &[LookupTable],
 ) -> Result<Arc<dyn ExecutionPlan>, SqlError> {
     let mut problem = None;
@@ -466,11 +466,13 @@ fn is_other_join(node: &Arc<dyn ExecutionPlan>) -> bool {
 }
 
 /// Whether `plan` scans the stream.
-fn reads_stream(plan: &Arc<dyn ExecutionPlan>, stream: &SchemaRef) -> bool {
+fn reads_stream(plan: &Arc<dyn ExecutionPlan>, streams: &[SchemaRef]) -> bool {
     let mut found = false;
     let _ = plan.apply(|node| {
         if let Some(scan) = node.downcast_ref::<StreamingTableExec>()
-            && Arc::ptr_eq(scan.partition_schema(), stream)
+            && streams
+                .iter()
+                .any(|stream| Arc::ptr_eq(scan.partition_schema(), stream))
         {
             found = true;
             return Ok(TreeNodeRecursion::Stop);

@@ -13,11 +13,12 @@ use crate::{BadRecord, Decoder, LookupTable, SqlError, StreamQuery, TableLoader}
 
 /// Decodes each chunk's values and runs the query, if there is one, over them.
 /// Records whose values do not decode are handed back with the reason in an
-/// `sluice.error` header.
+/// `sluice.error` header. A query of several sources has a decoder each, and
+/// decodes each chunk with its source's.
 pub struct SqlProcessor {
-    decoder: Decoder,
+    decoders: Vec<Decoder>,
     query: Option<StreamQuery>,
-    event_time: Option<Watermark>,
+    event_time: Option<Clock>,
     /// The query's lookup tables, each asked at the beginning of a batch
     /// whether it changed.
     lookups: Vec<(LookupTable, Option<Box<dyn TableLoader>>)>,
@@ -26,7 +27,7 @@ pub struct SqlProcessor {
 impl std::fmt::Debug for SqlProcessor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqlProcessor")
-            .field("decoder", &self.decoder)
+            .field("decoders", &self.decoders)
             .field("query", &self.query)
             .field("event_time", &self.event_time)
             .field(
@@ -37,25 +38,41 @@ impl std::fmt::Debug for SqlProcessor {
     }
 }
 
-/// The event-time column and the watermark it drives, as Spark's
-/// `withWatermark(column, delay)`: the watermark is the latest event time seen
-/// minus the delay, never moves back, and changes only between batches, so
-/// that a batch replayed with its recorded watermark gives the same output.
+/// The query's event time, as Spark's `withWatermark(column, delay)` on each
+/// source that has one: a source's watermark is the latest event time it saw
+/// minus its delay, the query's is the least of the sources' that saw any
+/// (Spark's default policy), never moves back, and changes only between
+/// batches, so that a batch replayed with its recorded watermark gives the
+/// same output.
 #[derive(Debug)]
-struct Watermark {
-    /// The column's index in the decoded rows.
-    column: usize,
-    delay_ms: i64,
+struct Clock {
+    /// Each source's event time, by index; `None` for one without.
+    sources: Vec<Option<SourceTime>>,
     /// The watermark in force for the batch in progress.
     watermark_ms: i64,
-    /// The batch's event times so far.
-    seen: Seen,
     /// The watermark the last batch begun ran under, for no-data batches.
     begun_ms: i64,
 }
 
+/// One source's event-time column and what its rows carried.
+#[derive(Debug)]
+struct SourceTime {
+    /// The column's index in the source's decoded rows.
+    column: usize,
+    delay_ms: i64,
+    /// The batch's event times so far.
+    seen: Seen,
+    /// The source's watermark as of the batches before this one, since the
+    /// query started: `None` until it saw an event time.
+    before_ms: Option<i64>,
+    /// The last batch finished, with the source's watermark after it: taken
+    /// into `before_ms` when the next batch begins, and dropped when the same
+    /// batch begins again.
+    finished: Option<(BatchId, Option<i64>)>,
+}
+
 /// The event times a batch's rows carried so far.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct Seen {
     min_ms: Option<i64>,
     max_ms: Option<i64>,
@@ -63,29 +80,7 @@ struct Seen {
     count: u64,
 }
 
-impl Watermark {
-    fn begin(&mut self, watermark_ms: i64) {
-        self.watermark_ms = watermark_ms;
-        self.seen = Seen::default();
-    }
-
-    /// The rows of `batch` at or after the watermark, and how many were older.
-    fn on_time(&self, batch: RecordBatch) -> Result<(RecordBatch, u64), SqlError> {
-        let millis = sluice_state::epoch_millis(batch.column(self.column))
-            .map_err(|e| SqlError::Internal(format!("reading the event time: {e}")))?;
-        let keep: arrow::array::BooleanArray = millis
-            .iter()
-            .map(|ms| Some(ms.is_none_or(|ms| ms >= self.watermark_ms)))
-            .collect();
-        let late = (keep.len() - keep.true_count()) as u64;
-        if late == 0 {
-            return Ok((batch, 0));
-        }
-        let kept = arrow::compute::filter_record_batch(&batch, &keep)
-            .map_err(|e| SqlError::Internal(format!("dropping late rows: {e}")))?;
-        Ok((kept, late))
-    }
-
+impl SourceTime {
     fn observe(&mut self, batch: &RecordBatch) -> Result<(), SqlError> {
         let column = batch.column(self.column);
         let millis = sluice_state::epoch_millis(column)
@@ -100,20 +95,116 @@ impl Watermark {
         Ok(())
     }
 
+    /// The source's watermark with this batch's rows: `None` while it has
+    /// seen no event time.
+    fn watermark_ms(&self) -> Option<i64> {
+        let now = self
+            .seen
+            .max_ms
+            .map(|max| max.saturating_sub(self.delay_ms));
+        match (self.before_ms, now) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl Clock {
+    fn begin(&mut self, watermark_ms: i64) {
+        self.watermark_ms = watermark_ms;
+        for source in self.sources.iter_mut().flatten() {
+            source.seen = Seen::default();
+        }
+    }
+
+    /// Notes what a finished batch's rows moved each source's watermark to.
+    fn finish(&mut self, batch: BatchId) {
+        for source in self.sources.iter_mut().flatten() {
+            source.finished = Some((batch, source.watermark_ms()));
+        }
+    }
+
+    /// Takes the last finished batch's sources' watermarks as those before
+    /// `batch`, unless `batch` is that batch begun again: then it gives the
+    /// same watermark, whatever an earlier attempt saw.
+    fn advance_to(&mut self, batch: BatchId) {
+        for source in self.sources.iter_mut().flatten() {
+            if let Some((finished, watermark_ms)) = source.finished.take()
+                && finished != batch
+            {
+                source.before_ms = watermark_ms;
+            }
+        }
+    }
+
+    /// The rows of `batch` (of `source`) at or after the watermark, and how
+    /// many were older. A source without event time has no late rows.
+    fn on_time(&self, source: usize, batch: RecordBatch) -> Result<(RecordBatch, u64), SqlError> {
+        let Some(Some(time)) = self.sources.get(source) else {
+            return Ok((batch, 0));
+        };
+        let millis = sluice_state::epoch_millis(batch.column(time.column))
+            .map_err(|e| SqlError::Internal(format!("reading the event time: {e}")))?;
+        let keep: arrow::array::BooleanArray = millis
+            .iter()
+            .map(|ms| Some(ms.is_none_or(|ms| ms >= self.watermark_ms)))
+            .collect();
+        let late = (keep.len() - keep.true_count()) as u64;
+        if late == 0 {
+            return Ok((batch, 0));
+        }
+        let kept = arrow::compute::filter_record_batch(&batch, &keep)
+            .map_err(|e| SqlError::Internal(format!("dropping late rows: {e}")))?;
+        Ok((kept, late))
+    }
+
+    fn observe(&mut self, source: usize, batch: &RecordBatch) -> Result<(), SqlError> {
+        match self.sources.get_mut(source) {
+            Some(Some(time)) => time.observe(batch),
+            _ => Ok(()),
+        }
+    }
+
     /// The watermark the next batch runs under.
     fn next_watermark_ms(&self) -> i64 {
-        self.seen.max_ms.map_or(self.watermark_ms, |max| {
-            self.watermark_ms.max(max.saturating_sub(self.delay_ms))
-        })
+        let least = self
+            .sources
+            .iter()
+            .flatten()
+            .filter_map(SourceTime::watermark_ms)
+            .min();
+        least.map_or(self.watermark_ms, |least| self.watermark_ms.max(least))
     }
 
     fn stats(&self) -> EventTimeStats {
-        let seen = &self.seen;
+        let mut seen = Seen::default();
+        for source in self.sources.iter().flatten() {
+            let s = source.seen;
+            seen.min_ms = match (seen.min_ms, s.min_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            seen.max_ms = match (seen.max_ms, s.max_ms) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            seen.sum_ms += s.sum_ms;
+            seen.count += s.count;
+        }
+        let source_watermarks_ms = if self.sources.len() > 1 {
+            self.sources
+                .iter()
+                .map(|s| s.as_ref().and_then(SourceTime::watermark_ms))
+                .collect()
+        } else {
+            Vec::new()
+        };
         EventTimeStats {
             watermark_ms: self.watermark_ms,
             min_ms: seen.min_ms,
             max_ms: seen.max_ms,
             avg_ms: (seen.count > 0).then(|| (seen.sum_ms / i128::from(seen.count)) as i64),
+            source_watermarks_ms,
         }
     }
 }
@@ -122,8 +213,15 @@ impl SqlProcessor {
     /// A processor decoding with `decoder`, then running `query`; without a
     /// query, the decoded rows are the output.
     pub fn new(decoder: Decoder, query: Option<StreamQuery>) -> SqlProcessor {
+        SqlProcessor::with_sources(vec![decoder], query)
+    }
+
+    /// A processor of several sources, a decoder each in the order of their
+    /// index ([`RecordChunk::source`]), then running `query`, planned over
+    /// their tables in that order ([`StreamQuery::plan_streams`]).
+    pub fn with_sources(decoders: Vec<Decoder>, query: Option<StreamQuery>) -> SqlProcessor {
         SqlProcessor {
-            decoder,
+            decoders,
             query,
             event_time: None,
             lookups: Vec::new(),
@@ -143,10 +241,26 @@ impl SqlProcessor {
         self
     }
 
-    /// Tracks event time in the decoded `column` (a timestamp), with a watermark
-    /// `delay_ms` behind the latest event time seen.
-    pub fn with_watermark(mut self, column: &str, delay_ms: i64) -> Result<SqlProcessor, SqlError> {
-        let schema = self.decoder.schema();
+    /// Tracks event time in the first source's decoded `column` (a
+    /// timestamp), with a watermark `delay_ms` behind the latest event time
+    /// seen.
+    pub fn with_watermark(self, column: &str, delay_ms: i64) -> Result<SqlProcessor, SqlError> {
+        self.with_source_watermark(0, column, delay_ms)
+    }
+
+    /// Tracks event time in source `source`'s decoded `column`, as
+    /// [`SqlProcessor::with_watermark`] does for the first.
+    pub fn with_source_watermark(
+        mut self,
+        source: usize,
+        column: &str,
+        delay_ms: i64,
+    ) -> Result<SqlProcessor, SqlError> {
+        let schema = self
+            .decoders
+            .get(source)
+            .ok_or_else(|| SqlError::Internal(format!("the query has no source {source}")))?
+            .schema();
         let names = || {
             schema
                 .fields()
@@ -176,12 +290,18 @@ impl SqlProcessor {
                 reason: "the watermark delay cannot be negative".to_owned(),
             });
         }
-        self.event_time = Some(Watermark {
+        let count = self.decoders.len();
+        let clock = self.event_time.get_or_insert_with(|| Clock {
+            sources: (0..count).map(|_| None).collect(),
+            watermark_ms: 0,
+            begun_ms: 0,
+        });
+        clock.sources[source] = Some(SourceTime {
             column: index,
             delay_ms,
-            watermark_ms: 0,
             seen: Seen::default(),
-            begun_ms: 0,
+            before_ms: None,
+            finished: None,
         });
         Ok(self)
     }
@@ -195,22 +315,46 @@ impl SqlProcessor {
     pub fn output_schema(&self) -> SchemaRef {
         match &self.query {
             Some(query) => query.schema(),
-            None => self.decoder.schema(),
+            None => self.decoders[0].schema(),
         }
     }
 }
 
-impl EventTime for Watermark {
+impl EventTime for Clock {
     fn next_watermark_ms(&self) -> i64 {
-        Watermark::next_watermark_ms(self)
+        Clock::next_watermark_ms(self)
     }
 
     fn restore_watermark(&mut self, watermark_ms: i64) {
         self.begin(watermark_ms);
+        // The sources' own come from the plan ([`EventTime::restore_source_watermarks`]).
+        for source in self.sources.iter_mut().flatten() {
+            source.finished = None;
+        }
     }
 
     fn stats(&self) -> EventTimeStats {
-        Watermark::stats(self)
+        Clock::stats(self)
+    }
+
+    fn source_watermarks_ms(&self) -> Vec<Option<i64>> {
+        if self.sources.len() < 2 {
+            return Vec::new();
+        }
+        self.sources
+            .iter()
+            .map(|s| s.as_ref().and_then(SourceTime::watermark_ms))
+            .collect()
+    }
+
+    fn restore_source_watermarks(&mut self, watermarks_ms: &[Option<i64>]) {
+        for (source, watermark_ms) in self.sources.iter_mut().zip(watermarks_ms) {
+            if let Some(source) = source {
+                source.before_ms = *watermark_ms;
+                source.finished = None;
+                source.seen = Seen::default();
+            }
+        }
     }
 }
 
@@ -220,10 +364,11 @@ impl Processor for SqlProcessor {
 
     async fn begin_batch(
         &mut self,
-        _batch: BatchId,
+        batch: BatchId,
         metadata: &BatchMetadata,
     ) -> Result<(), SqlError> {
         if let Some(event_time) = &mut self.event_time {
+            event_time.advance_to(batch);
             event_time.begin(metadata.watermark_ms);
             event_time.begun_ms = metadata.watermark_ms;
         }
@@ -243,10 +388,13 @@ impl Processor for SqlProcessor {
 
     async fn finish_batch(
         &mut self,
-        _batch: BatchId,
+        batch: BatchId,
         out: &mut Processed<RecordBatch>,
     ) -> Result<(), SqlError> {
         let watermark_ms = self.event_time.as_ref().map_or(0, |e| e.watermark_ms);
+        if let Some(clock) = &mut self.event_time {
+            clock.finish(batch);
+        }
         if let Some(query) = self.query.as_mut().filter(|q| q.is_stateful()) {
             let rows = query.finish_batch(watermark_ms).await?;
             out.row_count += rows.iter().map(|b| b.num_rows() as u64).sum::<u64>();
@@ -283,30 +431,37 @@ impl Processor for SqlProcessor {
         records: RecordChunk,
         out: &mut Processed<RecordBatch>,
     ) -> Result<(), SqlError> {
-        let mut decoded = self.decoder.decode(&records)?;
+        let source = records.source();
+        let decoder = self.decoders.get(source).ok_or_else(|| {
+            SqlError::Internal(format!(
+                "a chunk of source {source}, and the query has {} sources",
+                self.decoders.len()
+            ))
+        })?;
+        let mut decoded = decoder.decode(&records)?;
         if let Some(event_time) = &mut self.event_time {
-            event_time.observe(&decoded.batch)?;
+            event_time.observe(source, &decoded.batch)?;
         }
         let mut bad: Vec<BadRecord> = decoded.bad;
         let stateful = self.query.as_ref().is_some_and(StreamQuery::is_stateful);
         if stateful && let Some(event_time) = &self.event_time {
             // Late rows are left out of state, as in Spark: their groups may be
             // final and emitted already.
-            let (on_time, late) = event_time.on_time(decoded.batch)?;
+            let (on_time, late) = event_time.on_time(source, decoded.batch)?;
             decoded.batch = on_time;
             if let Some(query) = self.query.as_mut() {
                 query.dropped(late);
             }
         }
         let rows = match &self.query {
-            Some(query) => match query.run(decoded.batch.clone()).await {
+            Some(query) => match query.run_source(source, decoded.batch.clone()).await {
                 Ok(rows) => rows,
                 // A row the query cannot compute (a cast of a value that does not
                 // fit): find it, so that it is a bad record like one that does not
                 // decode, rather than a chunk that stops the query on every replay.
                 Err(SqlError::Execution(_)) => {
                     let records_of_rows = rows_to_records(records.len(), &bad);
-                    let (rows, failed) = query.run_each(&decoded.batch).await?;
+                    let (rows, failed) = query.run_each(source, &decoded.batch).await?;
                     bad.extend(failed.into_iter().map(|(row, reason)| BadRecord {
                         index: records_of_rows[row],
                         reason: format!("the query failed on its row: {reason}"),
@@ -561,6 +716,157 @@ mod tests {
         assert_eq!(
             (stats.min_ms, stats.max_ms, stats.avg_ms),
             (None, None, None)
+        );
+    }
+
+    /// A query of two sources: `a` (`n INT, ts TIMESTAMP`, a watermark 10 s
+    /// behind) and `b` (`m INT, ts TIMESTAMP`, 20 s behind), unioned.
+    async fn two_sources() -> SqlProcessor {
+        let a = Decoder::new(
+            Format::Json(parse_ddl("n INT, ts TIMESTAMP").unwrap()),
+            false,
+        );
+        let b = Decoder::new(
+            Format::Json(parse_ddl("m INT, ts TIMESTAMP").unwrap()),
+            false,
+        );
+        let streams = [("a".to_owned(), a.schema()), ("b".to_owned(), b.schema())];
+        let query = StreamQuery::plan_streams(
+            "SELECT 'a' AS s, n FROM a UNION ALL SELECT 'b' AS s, m AS n FROM b",
+            &streams,
+            &crate::QueryOptions::default(),
+        )
+        .await
+        .unwrap();
+        SqlProcessor::with_sources(vec![a, b], Some(query))
+            .with_source_watermark(0, "ts", 10_000)
+            .unwrap()
+            .with_source_watermark(1, "ts", 20_000)
+            .unwrap()
+    }
+
+    /// Runs batch `id` over chunks of `(source, values)`; returns its rows as
+    /// `source:n`.
+    async fn sources_batch(
+        processor: &mut SqlProcessor,
+        id: u64,
+        watermark_ms: i64,
+        chunks: &[(usize, &[&str])],
+    ) -> Vec<String> {
+        processor
+            .begin_batch(BatchId(id), &metadata(watermark_ms))
+            .await
+            .unwrap();
+        let mut out = Processed::<RecordBatch>::default();
+        for (source, values) in chunks {
+            let mut records = chunk(values);
+            records.set_source(*source);
+            processor.process(records, &mut out).await.unwrap();
+        }
+        processor.finish_batch(BatchId(id), &mut out).await.unwrap();
+        let mut rows = Vec::new();
+        for batch in &out.rows {
+            let s = batch.column(0).as_string::<i32>();
+            let n = batch.column(1).as_primitive::<Int32Type>();
+            for row in 0..batch.num_rows() {
+                rows.push(format!("{}:{}", s.value(row), n.value(row)));
+            }
+        }
+        rows
+    }
+
+    #[tokio::test]
+    async fn each_source_is_decoded_as_its_own_and_the_query_watermark_is_the_least() {
+        let minute = 1_767_225_600_000 + 60_000;
+        let mut processor = two_sources().await;
+        // Only `a` has rows: `b` has no watermark yet and does not hold the
+        // query's back, as in Spark.
+        let rows = sources_batch(
+            &mut processor,
+            0,
+            0,
+            &[(0, &[r#"{"n":1,"ts":"2026-01-01T00:01:00Z"}"#])],
+        )
+        .await;
+        assert_eq!(rows, ["a:1"]);
+        assert_eq!(processor.watermark_ms(), minute - 10_000);
+        assert_eq!(
+            processor.event_stats().unwrap().source_watermarks_ms,
+            [Some(minute - 10_000), None]
+        );
+        // `b`'s rows are read with its own columns; its watermark is now the least.
+        let w1 = processor.watermark_ms();
+        let rows = sources_batch(
+            &mut processor,
+            1,
+            w1,
+            &[
+                (1, &[r#"{"m":7,"ts":"2026-01-01T00:01:05Z"}"#]),
+                (0, &[r#"{"n":2,"ts":"2026-01-01T00:02:00Z"}"#]),
+            ],
+        )
+        .await;
+        assert_eq!(rows, ["b:7", "a:2"]);
+        assert_eq!(
+            processor.event_stats().unwrap().source_watermarks_ms,
+            [Some(minute + 50_000), Some(minute - 15_000)]
+        );
+        assert_eq!(
+            processor.watermark_ms(),
+            w1,
+            "b's is less, and the query's never moves back"
+        );
+
+        // Batch 2 begun twice, the first attempt with rows that moved `a`
+        // far on and did not finish: the same watermark as a fresh run.
+        let w2 = processor.watermark_ms();
+        processor
+            .begin_batch(BatchId(2), &metadata(w2))
+            .await
+            .unwrap();
+        let mut far = chunk(&[r#"{"n":3,"ts":"2026-01-01T09:00:00Z"}"#]);
+        far.set_source(0);
+        processor
+            .process(far, &mut Processed::default())
+            .await
+            .unwrap();
+        sources_batch(
+            &mut processor,
+            2,
+            w2,
+            &[(1, &[r#"{"m":8,"ts":"2026-01-01T00:03:00Z"}"#])],
+        )
+        .await;
+        assert_eq!(
+            processor.event_stats().unwrap().source_watermarks_ms,
+            [
+                Some(minute + 60_000 - 10_000),
+                Some(minute + 120_000 - 20_000)
+            ]
+        );
+        assert_eq!(processor.watermark_ms(), minute + 60_000 - 10_000);
+
+        // A restart takes the sources' own watermarks back from the plan, so
+        // that `a` holds the query's back while only `b` has rows.
+        let recorded = processor.event_time().unwrap().source_watermarks_ms();
+        let mut restarted = two_sources().await;
+        restarted.restore_watermark(processor.watermark_ms());
+        restarted
+            .event_time()
+            .unwrap()
+            .restore_source_watermarks(&recorded);
+        let w3 = restarted.watermark_ms();
+        sources_batch(
+            &mut restarted,
+            3,
+            w3,
+            &[(1, &[r#"{"m":9,"ts":"2026-01-01T00:10:00Z"}"#])],
+        )
+        .await;
+        assert_eq!(
+            restarted.watermark_ms(),
+            minute + 60_000 - 10_000,
+            "held by a"
         );
     }
 

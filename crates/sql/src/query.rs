@@ -41,7 +41,8 @@ use crate::dedupe::KeyedDedupe;
 pub struct StreamQuery {
     plan: Arc<dyn ExecutionPlan>,
     task: Arc<TaskContext>,
-    slot: Arc<Slot>,
+    /// A slot per stream table, in the order the query's sources are given.
+    slots: Vec<Arc<Slot>>,
     schema: SchemaRef,
     stateful: Option<Stateful>,
 }
@@ -115,6 +116,20 @@ impl StreamQuery {
         input: SchemaRef,
         options: &QueryOptions,
     ) -> Result<StreamQuery, SqlError> {
+        StreamQuery::plan_streams(sql, &[(table.to_owned(), input)], options).await
+    }
+
+    /// Plans `sql` over several stream tables, each a name and the columns
+    /// its rows have, in the order their chunks will name them
+    /// ([`StreamQuery::run_source`]); they combine by UNION ALL and by joins
+    /// with lookup tables.
+    pub async fn plan_streams(
+        sql: &str,
+        streams: &[(String, SchemaRef)],
+        options: &QueryOptions,
+    ) -> Result<StreamQuery, SqlError> {
+        let names: Vec<String> = streams.iter().map(|(name, _)| name.clone()).collect();
+        let inputs: Vec<SchemaRef> = streams.iter().map(|(_, schema)| schema.clone()).collect();
         let mut config = SessionConfig::new()
             .with_target_partitions(1)
             .with_coalesce_batches(false)
@@ -136,19 +151,28 @@ impl StreamQuery {
         // grouping by x; kept whole, its accumulator's state (the distinct values)
         // is what merges across batches.
         ctx.remove_optimizer_rule("single_distinct_aggregation_to_group_by");
-        let slot = Arc::new(Slot::default());
-        let partition = Arc::new(SlotPartition {
-            schema: input.clone(),
-            slot: slot.clone(),
-        });
-        let source = StreamingTable::try_new(input.clone(), vec![partition])
-            .map_err(|e| SqlError::Internal(e.to_string()))?;
-        ctx.register_table(table, Arc::new(source))
-            .map_err(|e| SqlError::Internal(e.to_string()))?;
-        for lookup in &options.lookup_tables {
-            if lookup.name() == table {
+        let mut slots = Vec::with_capacity(streams.len());
+        for (name, input) in streams {
+            if streams.iter().filter(|(other, _)| other == name).count() > 1 {
                 return Err(SqlError::Plan(format!(
-                    "the lookup table {:?} has the stream's name ([source] table): name one \
+                    "two sources are the table {name:?}: name each source's table otherwise"
+                )));
+            }
+            let slot = Arc::new(Slot::default());
+            let partition = Arc::new(SlotPartition {
+                schema: input.clone(),
+                slot: slot.clone(),
+            });
+            let source = StreamingTable::try_new(input.clone(), vec![partition])
+                .map_err(|e| SqlError::Internal(e.to_string()))?;
+            ctx.register_table(name.as_str(), Arc::new(source))
+                .map_err(|e| SqlError::Internal(e.to_string()))?;
+            slots.push(slot);
+        }
+        for lookup in &options.lookup_tables {
+            if names.iter().any(|name| name == lookup.name()) {
+                return Err(SqlError::Plan(format!(
+                    "the lookup table {:?} has a stream's name ([source] table): name one \
                      of them otherwise",
                     lookup.name()
                 )));
@@ -165,18 +189,18 @@ impl StreamQuery {
             .state()
             .create_logical_plan(&sql)
             .await
-            .map_err(|e| planning_error(e, table))?;
+            .map_err(|e| planning_error(e, &names))?;
         let logical =
             crate::dedupe::row_number_first(&logical, options.watermark_column.as_deref())?
                 .unwrap_or(logical);
-        refuse_what_streams_cannot_do(&logical, table)?;
+        refuse_what_streams_cannot_do(&logical, &names)?;
         if let Some(on) = crate::dedupe::distinct_on(&logical)? {
             let (plan, dedupe) = crate::dedupe::plan(&ctx, on, options).await?;
-            let plan = lookup_joins(plan, &input, &options.lookup_tables)?;
+            let plan = lookup_joins(plan, &inputs, &options.lookup_tables)?;
             return Ok(StreamQuery {
                 plan,
                 task: ctx.task_ctx(),
-                slot,
+                slots,
                 schema: dedupe.schema(),
                 stateful: Some(Stateful::Dedupe(dedupe)),
             });
@@ -184,12 +208,12 @@ impl StreamQuery {
         let frame = ctx
             .execute_logical_plan(logical)
             .await
-            .map_err(|e| planning_error(e, table))?;
+            .map_err(|e| planning_error(e, &names))?;
         let plan = frame
             .create_physical_plan()
             .await
-            .map_err(|e| planning_error(e, table))?;
-        let plan = lookup_joins(plan, &input, &options.lookup_tables)?;
+            .map_err(|e| planning_error(e, &names))?;
+        let plan = lookup_joins(plan, &inputs, &options.lookup_tables)?;
         let schema = plan.schema();
         let Some(parts) = split_at_aggregate(&plan)? else {
             if options.output_mode == Some(OutputMode::Complete) {
@@ -203,7 +227,7 @@ impl StreamQuery {
             return Ok(StreamQuery {
                 plan,
                 task: ctx.task_ctx(),
-                slot,
+                slots,
                 schema,
                 stateful: None,
             });
@@ -217,7 +241,7 @@ impl StreamQuery {
         Ok(StreamQuery {
             plan: lower,
             task: ctx.task_ctx(),
-            slot,
+            slots,
             schema,
             stateful: Some(Stateful::Aggregate(Aggregate {
                 aggregation,
@@ -341,28 +365,43 @@ impl StreamQuery {
         self.schema.clone()
     }
 
-    /// The query's rows for the source rows in `input`.
+    /// The query's rows for the source rows in `input`, of its first stream.
     pub async fn run(&self, input: RecordBatch) -> Result<Vec<RecordBatch>, SqlError> {
-        *self.slot.0.lock().unwrap_or_else(PoisonError::into_inner) = vec![input];
+        self.run_source(0, input).await
+    }
+
+    /// The query's rows for the rows in `input` of stream `source`, the
+    /// other streams empty meanwhile.
+    pub async fn run_source(
+        &self,
+        source: usize,
+        input: RecordBatch,
+    ) -> Result<Vec<RecordBatch>, SqlError> {
+        let slot = self
+            .slots
+            .get(source)
+            .ok_or_else(|| SqlError::Internal(format!("the query has no stream {source}")))?;
+        *slot.0.lock().unwrap_or_else(PoisonError::into_inner) = vec![input];
         let out = self.run_partitions().await;
-        self.slot
-            .0
+        slot.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
         out
     }
 
-    /// The query's rows for each row of `input` on its own, and the rows it
-    /// failed on, with the reason: for a chunk the query failed on as a whole.
+    /// The query's rows for each row of `input` (of stream `source`) on its
+    /// own, and the rows it failed on, with the reason: for a chunk the
+    /// query failed on as a whole.
     pub async fn run_each(
         &self,
+        source: usize,
         input: &RecordBatch,
     ) -> Result<(Vec<RecordBatch>, Vec<(usize, String)>), SqlError> {
         let mut rows = Vec::new();
         let mut failed = Vec::new();
         for row in 0..input.num_rows() {
-            match self.run(input.slice(row, 1)).await {
+            match self.run_source(source, input.slice(row, 1)).await {
                 Ok(out) => rows.extend(out),
                 Err(SqlError::Execution(reason)) => failed.push((row, reason)),
                 Err(e) => return Err(e),
@@ -665,7 +704,7 @@ fn only_one_select(sql: &str) -> Result<(), SqlError> {
 
 /// Walks the plan and its expressions for what a stateless query over an
 /// unbounded stream cannot do.
-fn refuse_what_streams_cannot_do(plan: &LogicalPlan, table: &str) -> Result<(), SqlError> {
+fn refuse_what_streams_cannot_do(plan: &LogicalPlan, tables: &[String]) -> Result<(), SqlError> {
     let mut found: Option<SqlError> = None;
     let _ = plan.apply_with_subqueries(|node| {
         let problem = match node {
@@ -679,7 +718,7 @@ fn refuse_what_streams_cannot_do(plan: &LogicalPlan, table: &str) -> Result<(), 
                 "a stream has no end, so LIMIT would stop the query's output for ever",
                 "filter with WHERE instead",
             )),
-            LogicalPlan::Join(join) => refused_join(join, table),
+            LogicalPlan::Join(join) => refused_join(join, tables),
             LogicalPlan::Window(_) => Some(refused(
                 "a window function (OVER)",
                 "it needs rows from across batches",
@@ -731,20 +770,24 @@ fn refuse_what_streams_cannot_do(plan: &LogicalPlan, table: &str) -> Result<(), 
     }
 }
 
-/// A join of the stream with itself, or keys of two types.
-fn refused_join(join: &Join, table: &str) -> Option<SqlError> {
+/// A join of two streams (or a stream with itself), or keys of two types.
+fn refused_join(join: &Join, tables: &[String]) -> Option<SqlError> {
     let scans_stream = |plan: &LogicalPlan| {
         let mut found = false;
         let _ = plan.apply(|node| {
-            found |=
-                matches!(node, LogicalPlan::TableScan(scan) if scan.table_name.table() == table);
+            found |= matches!(node, LogicalPlan::TableScan(scan)
+                if tables.iter().any(|t| scan.table_name.table() == t));
             Ok(TreeNodeRecursion::Continue)
         });
         found
     };
     if scans_stream(&join.left) && scans_stream(&join.right) {
+        let what = match tables {
+            [_] => "a join of the stream with itself",
+            _ => "a join of two streams, or of a stream with itself",
+        };
         return Some(refused(
-            "a join of the stream with itself",
+            what,
             "joining two streams keeps each side's rows as state until the other side's \
              match arrives, which Sluice does not do yet",
             "compute each side's columns in one SELECT over the source table, or join the \
@@ -817,7 +860,7 @@ fn refused_expression(expr: &Expr) -> Option<SqlError> {
 }
 
 /// DataFusion's message on one line, with what only our users need to know.
-fn planning_error(error: DataFusionError, table: &str) -> SqlError {
+fn planning_error(error: DataFusionError, tables: &[String]) -> SqlError {
     let error = error.find_root();
     let message = one_line(&error.to_string());
     let message = message
@@ -830,9 +873,18 @@ fn planning_error(error: DataFusionError, table: &str) -> SqlError {
     match error {
         DataFusionError::SQL(parser, _) => SqlError::Syntax(one_line(&parser.to_string())),
         _ if message.contains("table '") && message.contains("not found") => {
+            let streams = match tables {
+                [one] => format!("the stream is the table `{one}` ([source] table)"),
+                more => format!(
+                    "the streams are the tables {} ([sources.<table>])",
+                    more.iter()
+                        .map(|t| format!("`{t}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
             SqlError::Plan(format!(
-                "{message}; the stream is the table `{table}` ([source] table), and a lookup \
-                 table is declared as [tables.<name>]"
+                "{message}; {streams}, and a lookup table is declared as [tables.<name>]"
             ))
         }
         _ if message.contains("got Binary") => SqlError::Plan(format!(

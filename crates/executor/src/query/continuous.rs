@@ -125,7 +125,7 @@ where
         let metadata = BatchMetadata {
             watermark_ms: next_watermark_ms(&mut self.processor),
             timestamp_ms: epoch_ms(SystemTime::now()),
-            conf: Default::default(),
+            conf: event_time_conf(&mut self.processor),
         };
         let mut position = from.clone();
         let mut streamed = Streamed::default();
@@ -137,7 +137,7 @@ where
                 .iter()
                 .map(|(tp, marks)| (tp.clone(), marks.high))
                 .collect();
-            let end = rate_limit(&position, &latest, self.options.max_offsets_per_trigger);
+            let end = self.source_limits(&position, &latest);
             let ranges: Vec<OffsetRange> = position
                 .iter()
                 .filter_map(|(tp, from)| {
@@ -250,12 +250,12 @@ where
             mut streamed,
             mut durations,
         } = read;
-        let plan = BatchPlan::from_offsets(batch, &from, &end, metadata).map_err(|e| {
-            ExecutorError::Plan {
+        let plan = self
+            .with_sources(BatchPlan::from_offsets(batch, &from, &end, metadata))
+            .map_err(|e| ExecutorError::Plan {
                 batch: batch.0,
                 reason: e.to_string(),
-            }
-        })?;
+            })?;
         let t = Instant::now();
         retrying!(self, Part::Store, "writing the plan", async {
             self.store

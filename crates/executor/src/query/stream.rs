@@ -139,7 +139,7 @@ where
                 .begin_batch(batch, ranges)
                 .await
                 .map_err(ExecutorError::Sink)?;
-            if self.options.on_bad_record == BadRecordPolicy::DeadLetter {
+            if self.any_dead_letters() {
                 self.dead_letters
                     .begin_batch(batch, ranges)
                     .await
@@ -157,13 +157,16 @@ where
         streamed: &mut Streamed,
         write: bool,
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
-        streamed.rows += chunk.len() as u64;
+        let source = chunk.source();
+        let rows = chunk.len() as u64;
+        streamed.rows += rows;
         processed.clear();
         self.processor
             .process(chunk, processed)
             .await
             .map_err(ExecutorError::Process)?;
-        self.deliver(processed, streamed, write).await
+        streamed.of_source(source).0 += rows;
+        self.deliver(processed, streamed, write, source).await
     }
 
     /// Ends `batch` on the processor, delivering what its end emits, and, when
@@ -180,7 +183,7 @@ where
             .finish_batch(batch, &mut processed)
             .await
             .map_err(ExecutorError::Process)?;
-        self.deliver(&processed, streamed, write).await?;
+        self.deliver(&processed, streamed, write, 0).await?;
         if write {
             let t = Instant::now();
             self.sink
@@ -188,7 +191,7 @@ where
                 .await
                 .map_err(ExecutorError::Sink)?;
             durations.sink_commit = micros(t.elapsed());
-            if self.options.on_bad_record == BadRecordPolicy::DeadLetter {
+            if self.any_dead_letters() {
                 self.dead_letters
                     .finish_batch(batch)
                     .await
@@ -198,17 +201,31 @@ where
         Ok(())
     }
 
+    /// Whether a source sends its bad records to the dead letters.
+    pub(super) fn any_dead_letters(&self) -> bool {
+        self.options
+            .sources
+            .iter()
+            .any(|s| s.on_bad_record == BadRecordPolicy::DeadLetter)
+    }
+
     /// Hands what the processor made to the sink (unless the batch writes
-    /// nothing), and its bad records to the policy: stop, skip, or the dead
-    /// letters.
+    /// nothing), and its bad records, read by `source`, to that source's
+    /// policy: stop, skip, or the dead letters.
     pub(super) async fn deliver(
         &mut self,
         processed: &Processed<Proc::Output>,
         streamed: &mut Streamed,
         write: bool,
+        source: usize,
     ) -> Result<(), QueryError<Src, Store, Proc, Snk, Dead>> {
         if !processed.bad.is_empty() {
-            match self.options.on_bad_record {
+            let policy = self
+                .options
+                .sources
+                .get(source)
+                .map_or(BadRecordPolicy::default(), |s| s.on_bad_record);
+            match policy {
                 BadRecordPolicy::Fail => return Err(first_bad_record(&processed.bad)),
                 BadRecordPolicy::Skip => {}
                 BadRecordPolicy::DeadLetter if !write => {}
@@ -219,6 +236,7 @@ where
                     .map_err(ExecutorError::DeadLetters)?,
             }
             streamed.bad_records += processed.bad.len() as u64;
+            streamed.of_source(source).1 += processed.bad.len() as u64;
         }
         if write {
             for rows in &processed.rows {

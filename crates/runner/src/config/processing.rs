@@ -95,6 +95,48 @@ impl Processing {
     }
 }
 
+/// One source of the query: its table, how it is read, and how its values
+/// are decoded and timed.
+#[derive(Debug, Clone)]
+pub struct StreamSettings {
+    /// The source's table in `[query] sql`.
+    pub table: String,
+    /// What it reads, where it starts and how fast.
+    pub source: super::SourceSettings,
+    /// How its values are read.
+    pub format: sluice_sql::Format,
+    /// What happens to its records whose values do not decode.
+    pub on_bad_record: BadRecordPolicy,
+    /// Its event-time column and watermark delay in milliseconds.
+    pub watermark: Option<(String, i64)>,
+}
+
+/// The source `section` of table `name`, with its reading settings checked.
+pub(super) fn stream(
+    name: &str,
+    section: &SourceSection,
+    source: super::SourceSettings,
+) -> Result<StreamSettings> {
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        bail!("the source table {name:?} must be a plain name: letters, digits and underscores");
+    }
+    let format = format(section)?;
+    let on_bad_record = on_bad_record(section)?;
+    if format == sluice_sql::Format::Raw && on_bad_record != BadRecordPolicy::Fail {
+        bail!(
+            "on_bad_record applies to values that do not decode, but format is \"raw\": set \
+             format = \"json\", \"csv\" or \"avro\" with a schema"
+        );
+    }
+    Ok(StreamSettings {
+        table: name.to_owned(),
+        source,
+        format,
+        on_bad_record,
+        watermark: watermark(section)?,
+    })
+}
+
 /// Where records whose values do not decode go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeadLetters {
@@ -114,6 +156,7 @@ pub(super) fn processing(
     query: Option<QuerySection>,
     dead_letter: Option<DeadLetterSection>,
     kafka: &KafkaSourceConfig,
+    policies: impl IntoIterator<Item = BadRecordPolicy>,
 ) -> Result<(Processing, DeadLetters)> {
     let format = format(source)?;
     let on_bad_record = on_bad_record(source)?;
@@ -163,7 +206,12 @@ pub(super) fn processing(
     if sql.as_deref().is_some_and(|s| s.trim().is_empty()) {
         bail!("query.sql is empty: write a SELECT over the source table `{table}`");
     }
-    let dead_letters = dead_letters(on_bad_record, dead_letter, kafka)?;
+    // The dead letters are the query's: any source may send records there.
+    let dead_letter_policy = policies
+        .into_iter()
+        .find(|p| *p == BadRecordPolicy::DeadLetter)
+        .unwrap_or(on_bad_record);
+    let dead_letters = dead_letters(dead_letter_policy, dead_letter, kafka)?;
     if format == sluice_sql::Format::Raw && on_bad_record != BadRecordPolicy::Fail {
         bail!(
             "source.on_bad_record applies to values that do not decode, but format is \"raw\": \

@@ -98,7 +98,7 @@ pub enum TableSource {
 /// The `[tables.*]` sections, checked against the stream's table name.
 pub(super) fn tables(
     sections: BTreeMap<String, TableSection>,
-    stream: &str,
+    streams: &[super::StreamSettings],
 ) -> Result<Vec<TableSpec>> {
     let mut specs = Vec::with_capacity(sections.len());
     for (name, section) in sections {
@@ -106,10 +106,14 @@ pub(super) fn tables(
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             bail!("{at}: a table's name must be a plain name: letters, digits and underscores");
         }
-        if name == stream {
+        if let Some(stream) = streams.iter().find(|s| s.table == name) {
+            let (which, section) = match streams.len() {
+                1 => ("the stream", "[source] table".to_owned()),
+                _ => ("a stream", format!("[sources.{name}]")),
+            };
             bail!(
-                "{at}: the stream is the table `{stream}` ([source] table); name the lookup \
-                 table otherwise"
+                "{at}: {which} is the table `{}` ({section}); name the lookup table otherwise",
+                stream.table
             );
         }
         let schema = section

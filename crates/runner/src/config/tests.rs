@@ -31,12 +31,12 @@ fn kafka_secrets_come_from_the_environment_and_are_never_shown() {
                       \"sasl.password_env\" = \"SLUICE_TEST_SASL_SECRET\"\nlinger = 1";
     let settings = parse(&config(source, "")).unwrap();
     assert_eq!(
-        settings.kafka.client_options["sasl.password"],
+        settings.kafka().client_options["sasl.password"],
         "from-the-environment"
     );
     assert!(
         !settings
-            .kafka
+            .kafka()
             .client_options
             .contains_key("sasl.password_env")
     );
@@ -48,7 +48,7 @@ fn kafka_secrets_come_from_the_environment_and_are_never_shown() {
     assert_eq!(sink.client_options["sasl.password"], "from-the-environment");
     assert_eq!(sink.client_options["security.protocol"], "SASL_SSL");
     assert!(!sink.client_options.contains_key("linger"));
-    assert!(!format!("{:?}", settings.kafka).contains("from-the-environment"));
+    assert!(!format!("{:?}", settings.kafka()).contains("from-the-environment"));
     assert!(!format!("{sink:?}").contains("from-the-environment"));
     // Another cluster: the sink's own options only.
     let other = parse(&config(source, "bootstrap_servers = \"other:9092\"")).unwrap();
@@ -85,11 +85,14 @@ fn a_metrics_port_alone_listens_on_loopback_only() {
 fn a_minimal_config_gets_sparks_defaults() {
     let s = parse(MINIMAL).unwrap();
     assert_eq!(s.trigger, Trigger::ProcessingTime(Duration::ZERO));
-    assert!(s.kafka.fail_on_data_loss);
+    assert!(s.kafka().fail_on_data_loss);
     assert_eq!(s.min_batches_to_retain, 100);
-    assert_eq!(s.source_description, "KafkaV2[Subscribe[events]]");
-    assert_eq!(s.starting.resolve(), sluice_core::StartingOffsets::Latest);
-    assert_eq!(s.kafka.read_memory_bytes, 128 * 1024 * 1024);
+    assert_eq!(s.first().source.description, "KafkaV2[Subscribe[events]]");
+    assert_eq!(
+        s.first().source.starting.resolve(),
+        sluice_core::StartingOffsets::Latest
+    );
+    assert_eq!(s.kafka().read_memory_bytes, 128 * 1024 * 1024);
 }
 
 #[test]
@@ -101,7 +104,8 @@ fn the_read_memory_holds_at_least_the_read_ahead() {
             1,
         ))
         .unwrap()
-        .kafka
+        .kafka()
+        .clone()
     };
     let mib = 1024 * 1024;
     // Unset, it grows with a larger read-ahead.
@@ -542,18 +546,18 @@ fn the_continuous_trigger_takes_an_epoch_and_refuses_what_it_cannot_keep() {
         settings.trigger,
         Trigger::Continuous(Duration::from_secs(1))
     );
-    assert_eq!(settings.kafka.client_options["fetch.wait.max.ms"], "5");
+    assert_eq!(settings.kafka().client_options["fetch.wait.max.ms"], "5");
     let settings = with(
         "[source.kafka]\n\"fetch.wait.max.ms\" = 50",
         "continuous = \"1s\"",
         console,
     )
     .unwrap();
-    assert_eq!(settings.kafka.client_options["fetch.wait.max.ms"], "50");
+    assert_eq!(settings.kafka().client_options["fetch.wait.max.ms"], "50");
     let settings = with("", "processing_time = \"0s\"", console).unwrap();
     assert!(
         !settings
-            .kafka
+            .kafka()
             .client_options
             .contains_key("fetch.wait.max.ms")
     );
