@@ -1,10 +1,12 @@
 //! Keeps producing sample order events to a topic, creating it (4 partitions) if
 //! it is missing, until interrupted. Used by `cargo xtask demo`. Orders are JSON;
 //! one in 250 is cut short, so that the demo shows a bad record going to the
-//! dead letters.
+//! dead letters. Given a returns topic, one order in 10 is also returned there,
+//! as a CSV line `order,customer,item,quantity,price`: a second stream, in
+//! another format.
 //!
 //! ```text
-//! cargo run -p sluice-examples --example demo_producer -- [bootstrap] [topic] [events per second]
+//! cargo run -p sluice-examples --example demo_producer -- [bootstrap] [topic] [events per second] [returns topic]
 //! ```
 
 use std::time::Duration;
@@ -26,14 +28,18 @@ async fn main() -> Result<()> {
         .transpose()
         .context("events per second must be a number")?
         .unwrap_or(500);
+    let returns = args.next();
 
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &bootstrap);
     let admin: AdminClient<DefaultClientContext> = config.create()?;
-    let new_topic = NewTopic::new(&topic, 4, TopicReplication::Fixed(1));
+    let mut new_topics = vec![NewTopic::new(&topic, 4, TopicReplication::Fixed(1))];
+    if let Some(returns) = &returns {
+        new_topics.push(NewTopic::new(returns, 2, TopicReplication::Fixed(1)));
+    }
     // An existing topic is fine: the demo may run again.
     let _ = admin
-        .create_topics([&new_topic], &AdminOptions::new())
+        .create_topics(&new_topics, &AdminOptions::new())
         .await?;
 
     let producer: FutureProducer = config.clone().set("linger.ms", "20").create()?;
@@ -64,6 +70,15 @@ async fn main() -> Result<()> {
             if let Err((e, _)) = producer.send_result(record) {
                 eprintln!("demo producer: queueing failed: {e}");
                 producer.flush(Duration::from_secs(5))?;
+            }
+            // One in ten, of every customer (odd and even numbers).
+            if let Some(returns) = returns.as_deref().filter(|_| matches!(n % 20, 3 | 16)) {
+                let line = format!("{n},{customer},{item},{},{price}", n % 5 + 1);
+                let record = FutureRecord::to(returns).key(customer).payload(&line);
+                if let Err((e, _)) = producer.send_result(record) {
+                    eprintln!("demo producer: queueing a return failed: {e}");
+                    producer.flush(Duration::from_secs(5))?;
+                }
             }
             n += 1;
         }

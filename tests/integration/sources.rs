@@ -52,15 +52,34 @@ pub(crate) fn config(dir: &Path, name: &str, sources: &str) -> std::path::PathBu
 
 /// [`config`] with `sql` for the query.
 fn config_with(dir: &Path, name: &str, sources: &str, sql: &str) -> std::path::PathBuf {
+    let checkpoint = format!("location = \"{}\"", dir.join("checkpoint").display());
+    let query = format!("sql = \"{sql}\"");
+    write_config(
+        dir,
+        name,
+        sources,
+        (&checkpoint, "available_now = true", &query),
+    )
+}
+
+/// Writes to `dir/name` a config of `sources` (and lookup tables), the
+/// `[checkpoint]`, `[trigger]` and `[query]` lines given, progress to
+/// `dir/progress.jsonl` and rows to `dir/out`.
+fn write_config(
+    dir: &Path,
+    name: &str,
+    sources: &str,
+    (checkpoint, trigger, query): (&str, &str, &str),
+) -> PathBuf {
     let text = format!(
         r#"
 {sources}
 
 [checkpoint]
-location = "{checkpoint}"
+{checkpoint}
 
 [trigger]
-available_now = true
+{trigger}
 
 [progress]
 file = "{progress}"
@@ -70,9 +89,8 @@ type = "jsonl"
 path = "{out}"
 
 [query]
-sql = "{sql}"
+{query}
 "#,
-        checkpoint = dir.join("checkpoint").display(),
         progress = dir.join("progress.jsonl").display(),
         out = dir.join("out").display(),
     );
@@ -214,6 +232,28 @@ async fn a_json_and_an_avro_topic_are_two_tables_of_one_query_with_a_plan_line_e
         );
     }
     assert_eq!(rows(dir.path()), want, "nothing more was written");
+
+    // `offsets set` moves the payments back to 8 and keeps both lines: the
+    // query reads payments 108 to 111 again and nothing of the orders.
+    let moved = run(&[
+        "offsets",
+        "set",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--offsets",
+        &format!("{{\"{payments}\":{{\"0\":8}}}}"),
+    ]);
+    assert!(moved.status.success(), "{}", stderr(&moved));
+    let output = run(&["run", "--config", query.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    for n in 108..112 {
+        want.insert(("payment".to_owned(), n), 2);
+    }
+    assert_eq!(
+        rows(dir.path()),
+        want,
+        "the moved source read again, the other not"
+    );
     delete_topic(&orders).await;
     delete_topic(&payments).await;
 }
@@ -353,24 +393,17 @@ contact_points = "{nodes}"
 keyspace = "{keyspace}"
 table = "tiers"
 schema = "name STRING, tier STRING"
-
-[checkpoint]
-location = "{checkpoint}"
-min_batches_to_retain = 100000
-{replication}
-
-[trigger]
-{trigger}
-
-[progress]
-file = "{progress}"
-
-[sink]
-type = "jsonl"
-path = "{out}"
-
-[query]
-state_partitions = 2
+"#,
+        bootstrap = sluice_tests::kafka_bootstrap(),
+        avsc = job.path("payment.avsc").display(),
+        customers = job.path("customers.csv").display(),
+        nodes = sluice_tests::cassandra_nodes().join(","),
+    );
+    let checkpoint = format!(
+        "location = \"{}\"\nmin_batches_to_retain = 100000\n{replication}",
+        job.checkpoint()
+    );
+    let query = r#"state_partitions = 2
 sql = """
 SELECT DISTINCT ON (customer, amount) n, customer, amount, label FROM (
   SELECT o.n, o.customer, o.amount, o.ts, c.segment AS label
@@ -379,19 +412,8 @@ SELECT DISTINCT ON (customer, amount) n, customer, amount, label FROM (
   SELECT p.n, p.customer, p.amount, p.ts, t.tier AS label
   FROM payments p LEFT JOIN tiers t ON p.customer = t.name
 )
-"""
-"#,
-        bootstrap = sluice_tests::kafka_bootstrap(),
-        avsc = job.path("payment.avsc").display(),
-        customers = job.path("customers.csv").display(),
-        nodes = sluice_tests::cassandra_nodes().join(","),
-        checkpoint = job.checkpoint(),
-        progress = job.path("progress.jsonl").display(),
-        out = job.path("out").display(),
-    );
-    let path = job.path(name);
-    std::fs::write(&path, text).unwrap();
-    path
+""""#;
+    write_config(job.dir(), name, &text, (&checkpoint, trigger, query))
 }
 
 /// What the deduplication of the union emits, batch by batch as the plans
@@ -487,29 +509,12 @@ async fn two_sources_exactly_once_through_sigkills(cassandra: bool) {
         &["CREATE TABLE {keyspace}.tiers (name text PRIMARY KEY, tier text)"],
     )
     .await;
-    let set_tiers = |tier: &'static str| {
-        let (session, keyspace) = (&session, &keyspace);
-        async move {
-            for c in 0..5 {
-                session
-                    .query_unpaged(
-                        format!("INSERT INTO {keyspace}.tiers (name, tier) VALUES (?, ?)"),
-                        (format!("p{c}"), format!("{tier}-p{c}")),
-                    )
-                    .await
-                    .unwrap();
-            }
-        }
-    };
-    set_tiers("old").await;
-    let customers = |tag: &str| {
-        let mut text = String::from("name,segment\n");
-        for c in 0..5 {
-            text.push_str(&format!("c{c},{tag}-c{c}\n"));
-        }
-        text
-    };
-    std::fs::write(job.path("customers.csv"), customers("one")).unwrap();
+    crate::stateful::set_tiers(&session, &keyspace, "p", "old").await;
+    std::fs::write(
+        job.path("customers.csv"),
+        crate::stateful::segments_csv("one"),
+    )
+    .unwrap();
     let names = (orders.as_str(), payments.as_str(), keyspace.as_str());
     let streaming = crash_config(&job, "streaming.toml", names, "processing_time = \"0s\"");
     let stop = Arc::new(AtomicBool::new(false));
@@ -523,8 +528,12 @@ async fn two_sources_exactly_once_through_sigkills(cassandra: bool) {
     let progress = job.path("progress.jsonl");
     let before = sluice_tests::process::committed_batches(&progress);
     sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
-    std::fs::write(job.path("customers.csv"), customers("two")).unwrap();
-    set_tiers("new").await;
+    std::fs::write(
+        job.path("customers.csv"),
+        crate::stateful::segments_csv("two"),
+    )
+    .unwrap();
+    crate::stateful::set_tiers(&session, &keyspace, "p", "new").await;
     sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
     sluice_tests::process::assert_committed_since(&progress, before, "20 killed runs");
     stop.store(true, Ordering::Relaxed);

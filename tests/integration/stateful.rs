@@ -66,6 +66,11 @@ impl StatefulJob {
         }
     }
 
+    /// The job's folder.
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -623,6 +628,34 @@ async fn distinct_on_is_exactly_once_through_sigkills_with_the_cassandra_store()
     dedupe_exactly_once_through_sigkills(true).await;
 }
 
+/// Sets the tier of customers `<prefix>0` to `<prefix>4` in `keyspace.tiers`
+/// to `<tier>-<customer>`.
+pub(crate) async fn set_tiers(
+    session: &scylla::client::session::Session,
+    keyspace: &str,
+    prefix: &str,
+    tier: &str,
+) {
+    for c in 0..5 {
+        session
+            .query_unpaged(
+                format!("INSERT INTO {keyspace}.tiers (name, tier) VALUES (?, ?)"),
+                (format!("{prefix}{c}"), format!("{tier}-{prefix}{c}")),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// A CSV lookup file of the segments of customers `c0` to `c4`, tagged `tag`.
+pub(crate) fn segments_csv(tag: &str) -> String {
+    let mut text = String::from("name,segment\n");
+    for c in 0..5 {
+        text.push_str(&format!("c{c},{tag}-c{c}\n"));
+    }
+    text
+}
+
 /// The deduplication of orders enriched from two lookup tables that change
 /// while the query runs and is killed: a CSV file rewritten in place and a
 /// Cassandra table read by key. The rows are exactly the deduplication's, and
@@ -636,30 +669,9 @@ async fn lookups_and_dedupe_exactly_once_through_sigkills(cassandra: bool) {
         &["CREATE TABLE {keyspace}.tiers (name text PRIMARY KEY, tier text)"],
     )
     .await;
-    let set_tiers = |tier: &'static str| {
-        let (session, keyspace) = (&session, &keyspace);
-        async move {
-            for c in 0..5 {
-                session
-                    .query_unpaged(
-                        format!("INSERT INTO {keyspace}.tiers (name, tier) VALUES (?, ?)"),
-                        (format!("c{c}"), format!("{tier}-c{c}")),
-                    )
-                    .await
-                    .unwrap();
-            }
-        }
-    };
-    set_tiers("old").await;
+    set_tiers(&session, &keyspace, "c", "old").await;
     let segments = job.path("customers.csv");
-    let csv = |tag: &str| {
-        let mut text = String::from("name,segment\n");
-        for c in 0..5 {
-            text.push_str(&format!("c{c},{tag}-c{c}\n"));
-        }
-        text
-    };
-    std::fs::write(&segments, csv("one")).unwrap();
+    std::fs::write(&segments, segments_csv("one")).unwrap();
     let source = format!("event_time = \"ts\"\nwatermark_delay = \"{DELAY_MS}ms\"");
     let query = format!(
         "sql = \"SELECT DISTINCT ON (o.customer, o.amount) o.n, o.customer, o.amount, c.segment, \
@@ -686,8 +698,8 @@ async fn lookups_and_dedupe_exactly_once_through_sigkills(cassandra: bool) {
     let before = sluice_tests::process::committed_batches(&progress);
     sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
     // Both tables change between kills, the CSV file rewritten where it is.
-    std::fs::write(&segments, csv("two")).unwrap();
-    set_tiers("new").await;
+    std::fs::write(&segments, segments_csv("two")).unwrap();
+    set_tiers(&session, &keyspace, "c", "new").await;
     sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
     sluice_tests::process::assert_committed_since(&progress, before, "20 killed runs");
     stop.store(true, Ordering::Relaxed);

@@ -111,6 +111,24 @@ fn grouped(n: u64) -> String {
     out
 }
 
+/// Waits until the query serving its page on `addr` has read `rows` rows.
+async fn wait_until_read(addr: &str, rows: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let about = std::net::TcpStream::connect(addr)
+            .ok()
+            .map(|_| get_json(addr, "/api/about"));
+        if about.as_ref().is_some_and(|a| a["rows"] == rows) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the query did not read {rows} rows: {about:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -164,20 +182,7 @@ async fn the_status_page_renders_the_running_query_and_agrees_with_the_progress_
 
     // Six batches of 100 read the 600 records; then the query idles, and what
     // the page shows stays still.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let about = std::net::TcpStream::connect(&addr)
-            .ok()
-            .map(|_| get_json(&addr, "/api/about"));
-        if about.as_ref().is_some_and(|a| a["rows"] == 600) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the query did not read 600 rows: {about:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until_read(&addr, 600).await;
     let reports = get_json(&addr, "/api/progress?last=120");
     let about = get_json(&addr, "/api/about");
 
@@ -337,20 +342,7 @@ async fn a_query_of_two_sources_shows_each_ones_part_of_the_last_batch() {
         );
     std::fs::write(&config, text).unwrap();
     let runner = Running::spawn(&["run", "--config", config.to_str().unwrap()]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let about = std::net::TcpStream::connect(&addr)
-            .ok()
-            .map(|_| get_json(&addr, "/api/about"));
-        if about.as_ref().is_some_and(|a| a["rows"] == 25) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the query did not read 25 rows: {about:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until_read(&addr, 25).await;
     let reports = get_json(&addr, "/api/progress?last=120");
     let last = reports.as_array().unwrap().last().unwrap().clone();
     let profile = tempfile::tempdir().unwrap();
@@ -383,6 +375,17 @@ async fn a_query_of_two_sources_shows_each_ones_part_of_the_last_batch() {
             "{row} for {source}"
         );
         assert!(row.contains(topic.as_str()), "{row}");
+    }
+
+    // Each source's rows since the start, as /metrics counts them.
+    let (code, metrics) = get(&addr, "/metrics");
+    assert_eq!(code, 200);
+    for (topic, rows) in [(&orders, 20), (&payments, 5)] {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("sluice_source_input_rows_total") && l.contains(topic.as_str()))
+            .unwrap_or_else(|| panic!("no rows of {topic}: {metrics}"));
+        assert!(line.ends_with(&format!(" {rows}")), "{line}");
     }
 
     runner.signal("-TERM");

@@ -195,8 +195,13 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
     )?;
     let debug = root.join("target").join("debug");
     std::fs::create_dir_all(root.join("target").join("demo"))?;
+    // The scale-out demo reads the orders alone: group mode shares one source.
+    let mut stream = vec!["127.0.0.1:9092", "demo-orders", "500"];
+    if members == 1 {
+        stream.push("demo-returns");
+    }
     let mut producer = Command::new(debug.join("examples").join("demo_producer"))
-        .args(["127.0.0.1:9092", "demo-orders", "500"])
+        .args(&stream)
         .spawn()
         .context("starting the demo producer")?;
     if members > 1 {

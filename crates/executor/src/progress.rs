@@ -390,15 +390,26 @@ impl QueryProgress {
     pub fn summary(&self) -> String {
         let micros = &self.duration_micros;
         let mut line = format!(
-            "batch {}: {} rows in {} ({} rows/s), behind latest {}, wal {}, commit {}",
+            "batch {}: {} rows",
             self.batch_id,
-            thousands(self.num_input_rows),
+            thousands(self.num_input_rows)
+        );
+        if self.sources.len() > 1 {
+            let each: Vec<String> = self
+                .sources
+                .iter()
+                .map(|s| thousands(s.num_input_rows))
+                .collect();
+            line.push_str(&format!(" ({} by source)", each.join(" + ")));
+        }
+        line.push_str(&format!(
+            " in {} ({} rows/s), behind latest {}, wal {}, commit {}",
             millis(micros.trigger_execution),
             rate(self.processed_rows_per_second),
             thousands(self.offsets_behind_latest()),
             millis(micros.wal_commit),
             millis(micros.commit_offsets)
-        );
+        ));
         if self.sink.num_output_rows != self.num_input_rows {
             line.push_str(&format!(
                 ", {} rows out",
@@ -612,6 +623,19 @@ mod tests {
             report().summary(),
             "batch 42: 10,000 rows in 18 ms (550k rows/s), behind latest 1,234, wal 0.7 ms, \
              commit 1.1 ms"
+        );
+        let mut two = report();
+        let mut second = two.sources[0].clone();
+        two.sources[0].num_input_rows = 9_000;
+        second.num_input_rows = 1_000;
+        second.end_offset = serde_json::json!({});
+        two.sources.push(second);
+        assert!(
+            two.summary().starts_with(
+                "batch 42: 10,000 rows (9,000 + 1,000 by source) in 18 ms (550k rows/s)"
+            ),
+            "{}",
+            two.summary()
         );
         let mut odd = report();
         odd.sink.num_output_rows = 12;

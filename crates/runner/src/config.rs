@@ -168,35 +168,19 @@ fn settings(config: Config) -> Result<Settings> {
     let trigger = TriggerSettings::try_from(&config.trigger)?;
     let mut streams = Vec::with_capacity(sections.len());
     for (name, section) in &sections {
-        let at = || match several {
-            true => format!("[sources.{name}]"),
-            false => "[source]".to_owned(),
-        };
-        let mut source = SourceSettings::try_from(section).with_context(at)?;
-        if several && source.min_offsets_per_trigger.is_some() {
-            bail!(
-                "{}: min_offsets_per_trigger is for a query of one source; a query of several \
-                 runs a batch when any of them has new offsets",
-                at()
-            );
-        }
-        trigger::fit_source(trigger.trigger, &mut source).with_context(at)?;
-        let stream = processing::stream(name, section, source).with_context(at)?;
-        streams.push(stream);
+        let stream = stream_settings(name, section, trigger.trigger, several);
+        streams.push(match several {
+            true => stream.with_context(|| format!("[sources.{name}]"))?,
+            false => stream?,
+        });
     }
     if several {
         distinct_topics(&streams)?;
     }
     let source = streams[0].source.clone();
     let checkpoint = StoreKind::try_from(&config.checkpoint)?;
-    let (mut processing, dead_letters) = processing::processing(
-        &sections[0].1,
-        config.query,
-        config.dead_letter,
-        &source.kafka,
-        streams.iter().map(|s| s.on_bad_record),
-    )?;
-    processing.table = streams[0].table.clone();
+    let (mut processing, dead_letters) =
+        processing::processing(&streams, config.query, config.dead_letter, &source.kafka)?;
     processing.tables = tables::tables(config.tables, &streams)?;
     if !processing.tables.is_empty() && processing.sql.is_none() {
         anyhow::bail!(
@@ -242,6 +226,25 @@ fn settings(config: Config) -> Result<Settings> {
         progress: config.progress,
         sources: streams,
     })
+}
+
+/// One source's settings, checked: what it reads and how, fitted to the
+/// trigger.
+fn stream_settings(
+    name: &str,
+    section: &SourceSection,
+    trigger: Trigger,
+    several: bool,
+) -> Result<StreamSettings> {
+    let mut source = SourceSettings::try_from(section)?;
+    if several && source.min_offsets_per_trigger.is_some() {
+        bail!(
+            "min_offsets_per_trigger is for a query of one source; a query of several runs a \
+             batch when any of them has new offsets"
+        );
+    }
+    trigger::fit_source(trigger, &mut source)?;
+    processing::stream(name, section, source)
 }
 
 /// The query's source sections with their table names, in order: `[source]`

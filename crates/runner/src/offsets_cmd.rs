@@ -11,7 +11,7 @@ use sluice_checkpoint_fs::Checkpoint;
 use sluice_core::{
     BatchCommit, BatchId, BatchMetadata, BatchPlan, Directory, Log, OffsetStore, PartitionOffsets,
     Recovery, StateFile, StateFileId, StateFileKind, StateGap, StateStore, StoredBatches,
-    offsets_from_json, offsets_to_json, state_files_for,
+    TopicPartition, offsets_from_json, offsets_to_json, state_files_for,
 };
 
 use crate::exit::Exit;
@@ -624,7 +624,21 @@ impl Writer {
             conf: [("sluice.movedBy".to_owned(), "sluice offsets".to_owned())].into(),
             ..BatchMetadata::default()
         };
+        // A query of several sources keeps a line each: a topic stays on the
+        // line of the source that read it.
+        let lines: Vec<PartitionOffsets> = stored
+            .latest_plan
+            .as_ref()
+            .map(BatchPlan::end_offsets_by_source)
+            .unwrap_or_default();
+        let source_of = |tp: &TopicPartition| match lines.len() {
+            0 | 1 => Some(0),
+            _ => lines
+                .iter()
+                .position(|line| line.keys().any(|known| known.topic == tp.topic)),
+        };
         let plan = BatchPlan::from_offsets(next, &moved, &moved, metadata)
+            .and_then(|plan| plan.with_sources(lines.len(), source_of))
             .map_err(|e| Exit::config(anyhow!("offsets: {e}")))?;
         self.write_plan(&plan).await?;
         self.write_commit(&BatchCommit {

@@ -135,31 +135,70 @@ pub(crate) fn record_metrics(progress: &QueryProgress) {
     {
         metrics::gauge!("sluice_watermark_ms").set(since.as_millis() as f64);
     }
-    if let Some(source) = progress.sources.first() {
-        for (name, metric) in [
-            ("maxOffsetsBehindLatest", "sluice_max_offsets_behind_latest"),
-            ("avgOffsetsBehindLatest", "sluice_avg_offsets_behind_latest"),
-            ("readAmplification", "sluice_read_amplification"),
-        ] {
-            if let Some(value) = source.metrics.get(name).and_then(|v| v.parse::<f64>().ok()) {
-                metrics::gauge!(metric).set(value);
+    record_source_metrics(progress);
+}
+
+/// The sources' figures: their offsets behind latest, data loss and bad
+/// records over all of them, and in a query of several each one's rows and
+/// watermark, labelled with its description (one per configured source).
+fn record_source_metrics(progress: &QueryProgress) {
+    let number = |source: &sluice_executor::SourceProgress, name: &str| {
+        source.metrics.get(name).and_then(|v| v.parse::<f64>().ok())
+    };
+    match progress.sources.as_slice() {
+        [] => {}
+        [one] => {
+            for (name, metric) in [
+                ("maxOffsetsBehindLatest", "sluice_max_offsets_behind_latest"),
+                ("avgOffsetsBehindLatest", "sluice_avg_offsets_behind_latest"),
+            ] {
+                if let Some(value) = number(one, name) {
+                    metrics::gauge!(metric).set(value);
+                }
             }
         }
-        if let Some(lost) = source
-            .metrics
-            .get("dataLossOffsets")
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            metrics::counter!("sluice_data_loss_offsets_total").increment(lost);
-        }
-        if let Some(bad) = source
-            .metrics
-            .get("badRecords")
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            metrics::counter!("sluice_bad_records_total").increment(bad);
+        several => {
+            let behind: Vec<u64> = several
+                .iter()
+                .flat_map(|s| offsets_behind(&s.end_offset, &s.latest_offset))
+                .map(|(_, _, n)| n)
+                .collect();
+            if let Some(max) = behind.iter().max() {
+                metrics::gauge!("sluice_max_offsets_behind_latest").set(*max as f64);
+                let avg = behind.iter().sum::<u64>() as f64 / behind.len() as f64;
+                metrics::gauge!("sluice_avg_offsets_behind_latest").set(avg);
+            }
+            for source in several {
+                let label = source.description.clone();
+                metrics::counter!("sluice_source_input_rows_total", "source" => label.clone())
+                    .increment(source.num_input_rows);
+                if let Some(watermark) = &source.watermark
+                    && let Ok(at) = humantime::parse_rfc3339(watermark)
+                    && let Ok(since) = at.duration_since(std::time::UNIX_EPOCH)
+                {
+                    metrics::gauge!("sluice_source_watermark_ms", "source" => label)
+                        .set(since.as_millis() as f64);
+                }
+            }
         }
     }
+    // The sources share one reader's figures.
+    if let Some(value) = progress
+        .sources
+        .first()
+        .and_then(|s| number(s, "readAmplification"))
+    {
+        metrics::gauge!("sluice_read_amplification").set(value);
+    }
+    let total = |name: &str| -> u64 {
+        progress
+            .sources
+            .iter()
+            .filter_map(|s| s.metrics.get(name).and_then(|v| v.parse::<u64>().ok()))
+            .sum()
+    };
+    metrics::counter!("sluice_data_loss_offsets_total").increment(total("dataLossOffsets"));
+    metrics::counter!("sluice_bad_records_total").increment(total("badRecords"));
 }
 
 /// Partitions past which `sluice_offsets_behind_latest` is not labelled per

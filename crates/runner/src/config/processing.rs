@@ -49,15 +49,13 @@ pub struct DeadLetterSection {
 /// How the stream is processed, checked.
 #[derive(Debug, Clone)]
 pub struct Processing {
-    /// The source table's name.
-    pub table: String,
-    /// How values are read.
-    pub format: sluice_sql::Format,
     /// The SQL, if any.
     pub sql: Option<String>,
-    /// What happens to records whose values do not decode.
-    pub on_bad_record: sluice_core::BadRecordPolicy,
-    /// The event-time column and the watermark delay in milliseconds.
+    /// Whether every source's values are read raw, with nothing to decode.
+    pub raw: bool,
+    /// The event-time column and the watermark delay in milliseconds that a
+    /// window or a deduplication keeps its state by: the first source's
+    /// column with event time, and the longest delay of them all.
     pub watermark: Option<(String, i64)>,
     /// `[query] output_mode`, when set.
     pub output_mode: Option<sluice_sql::OutputMode>,
@@ -91,7 +89,7 @@ impl Processing {
 impl Processing {
     /// Whether records reach the sink as read, with nothing to decode or query.
     pub fn is_pass_through(&self) -> bool {
-        self.sql.is_none() && self.format == sluice_sql::Format::Raw && self.watermark.is_none()
+        self.sql.is_none() && self.raw && self.watermark.is_none()
     }
 }
 
@@ -152,18 +150,12 @@ pub enum DeadLetters {
 /// that do not decode go; `kafka` is the source's, whose cluster a
 /// dead-letter topic is on by default.
 pub(super) fn processing(
-    source: &SourceSection,
+    streams: &[StreamSettings],
     query: Option<QuerySection>,
     dead_letter: Option<DeadLetterSection>,
     kafka: &KafkaSourceConfig,
-    policies: impl IntoIterator<Item = BadRecordPolicy>,
 ) -> Result<(Processing, DeadLetters)> {
-    let format = format(source)?;
-    let on_bad_record = on_bad_record(source)?;
-    let table = source.table.clone().unwrap_or_else(|| "source".to_owned());
-    if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        bail!("source.table {table:?} must be a plain name: letters, digits and underscores");
-    }
+    let table = &streams[0].table;
     let (sql, output_mode, max_state_rows, state_partitions, state_memory_mb) = match query {
         Some(query) => (
             Some(query.sql),
@@ -207,23 +199,20 @@ pub(super) fn processing(
         bail!("query.sql is empty: write a SELECT over the source table `{table}`");
     }
     // The dead letters are the query's: any source may send records there.
-    let dead_letter_policy = policies
-        .into_iter()
+    let dead_letter_policy = streams
+        .iter()
+        .map(|s| s.on_bad_record)
         .find(|p| *p == BadRecordPolicy::DeadLetter)
-        .unwrap_or(on_bad_record);
+        .unwrap_or(streams[0].on_bad_record);
     let dead_letters = dead_letters(dead_letter_policy, dead_letter, kafka)?;
-    if format == sluice_sql::Format::Raw && on_bad_record != BadRecordPolicy::Fail {
-        bail!(
-            "source.on_bad_record applies to values that do not decode, but format is \"raw\": \
-             set format = \"json\", \"csv\" or \"avro\" with a schema"
-        );
-    }
-    let watermark = watermark(source)?;
+    let timed = streams.iter().filter_map(|s| s.watermark.as_ref());
+    let watermark = timed.clone().next().map(|(column, _)| {
+        let delay = timed.map(|(_, delay)| *delay).max().unwrap_or_default();
+        (column.clone(), delay)
+    });
     let processing = Processing {
-        table,
-        format,
         sql,
-        on_bad_record,
+        raw: streams.iter().all(|s| s.format == sluice_sql::Format::Raw),
         watermark,
         output_mode,
         max_state_rows,

@@ -278,13 +278,13 @@ async fn the_readme_example_is_a_valid_config() {
         Trigger::ProcessingTime(Duration::from_secs(10))
     );
     let processing = &settings.processing;
-    let decoder = sluice_sql::Decoder::new(processing.format.clone(), false);
+    let decoder = sluice_sql::Decoder::new(settings.first().format.clone(), false);
     sluice_sql::StreamQuery::plan(
         processing
             .sql
             .as_deref()
             .expect("the README's example has a query"),
-        &processing.table,
+        &settings.first().table,
         decoder.schema(),
     )
     .await
@@ -300,11 +300,18 @@ fn the_scale_out_demo_config_is_group_mode_over_cassandra() {
 }
 
 #[tokio::test]
-async fn the_demo_config_decodes_json_and_plans_its_query() {
+async fn the_demo_config_reads_json_orders_and_csv_returns_and_plans_its_query() {
     let settings = parse(include_str!("../../../../examples/demo.toml")).unwrap();
     let processing = &settings.processing;
-    assert!(matches!(processing.format, sluice_sql::Format::Json(_)));
-    let decoder = sluice_sql::Decoder::new(processing.format.clone(), false);
+    let [orders, returns] = settings.sources.as_slice() else {
+        panic!("the demo reads two streams: {:?}", settings.sources);
+    };
+    assert_eq!(
+        (orders.table.as_str(), returns.table.as_str()),
+        ("orders", "returns")
+    );
+    assert!(matches!(orders.format, sluice_sql::Format::Json(_)));
+    assert!(matches!(returns.format, sluice_sql::Format::Csv(_)));
     let [customers] = processing.tables.as_slice() else {
         panic!("the demo joins one lookup table: {:?}", processing.tables);
     };
@@ -321,10 +328,17 @@ async fn the_demo_config_decodes_json_and_plans_its_query() {
             .expect("the demo declares its columns"),
         customers.max_memory_bytes,
     )];
-    let query = sluice_sql::StreamQuery::plan_with(
+    let streams: Vec<_> = settings
+        .sources
+        .iter()
+        .map(|s| {
+            let decoder = sluice_sql::Decoder::new(s.format.clone(), false);
+            (s.table.clone(), decoder.schema())
+        })
+        .collect();
+    let query = sluice_sql::StreamQuery::plan_streams(
         processing.sql.as_deref().expect("the demo has a query"),
-        &processing.table,
-        decoder.schema(),
+        &streams,
         &options,
     )
     .await
@@ -346,6 +360,7 @@ async fn the_demo_config_decodes_json_and_plans_its_query() {
             "country",
             "tier",
             "orders",
+            "returns",
             "revenue"
         ]
     );
@@ -745,4 +760,71 @@ fn lookup_tables_are_checked_section_by_section() {
         let error = table(body, query).unwrap_err();
         assert!(error.contains(expected), "{expected}: {error}");
     }
+}
+
+#[test]
+fn sources_keep_the_order_the_file_declares_them_in() {
+    let text = r#"
+[sources.zebras]
+bootstrap_servers = "k:9092"
+subscribe = ["z"]
+format = "json"
+schema = "a INT, ts TIMESTAMP"
+event_time = "ts"
+watermark_delay = "5s"
+max_offsets_per_trigger = 10
+
+[sources.antelopes]
+bootstrap_servers = "k:9092"
+subscribe_pattern = "a-.*"
+on_bad_record = "skip"
+format = "csv"
+schema = "b INT, ts TIMESTAMP"
+event_time = "ts"
+watermark_delay = "9s"
+
+[sources.antelopes.kafka]
+"fetch.min.bytes" = "1000"
+
+[checkpoint]
+location = "/tmp/x"
+
+[sink]
+type = "discard"
+
+[query]
+sql = "SELECT a FROM zebras UNION ALL SELECT b FROM antelopes"
+"#;
+    let settings = parse(text).unwrap();
+    let names: Vec<&str> = settings.sources.iter().map(|s| s.table.as_str()).collect();
+    assert_eq!(
+        names,
+        ["zebras", "antelopes"],
+        "the file's order, not sorted"
+    );
+    let [zebras, antelopes] = settings.sources.as_slice() else {
+        unreachable!()
+    };
+    assert_eq!(
+        zebras.source.max_offsets_per_trigger.map(|n| n.get()),
+        Some(10)
+    );
+    assert_eq!(antelopes.source.max_offsets_per_trigger, None);
+    assert_eq!(antelopes.on_bad_record, sluice_core::BadRecordPolicy::Skip);
+    assert!(matches!(antelopes.format, sluice_sql::Format::Csv(_)));
+    assert_eq!(
+        antelopes.source.kafka.client_options["fetch.min.bytes"],
+        "1000"
+    );
+    assert_eq!(
+        antelopes.source.description,
+        "KafkaV2[SubscribePattern[a-.*]]"
+    );
+    // State keeps keys and windows by the first column with event time and
+    // the longest delay.
+    assert_eq!(
+        settings.processing.watermark,
+        Some(("ts".to_owned(), 9_000))
+    );
+    assert_eq!(settings.kafka().selection, zebras.source.kafka.selection);
 }
