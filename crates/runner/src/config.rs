@@ -131,8 +131,17 @@ pub fn load(path: &Path) -> Result<Settings> {
 
 /// Checks the text of a configuration; errors name `origin`, the file.
 pub fn parse(text: &str, origin: &str) -> Result<Settings> {
-    let config: Config = toml::from_str(text)
-        .map_err(|e| anyhow::anyhow!("{origin}: {}", with_suggestion(&e.to_string())))?;
+    let config: Config = toml::from_str(text).map_err(|e| {
+        let at = e.span().map_or_else(String::new, |span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |n| n + 1) + 1;
+            format!("line {line}, column {column}: ")
+        });
+        // One line, where TOML's own error draws the line it points at.
+        let message = with_suggestion(e.message()).replace('\n', "; ");
+        anyhow::anyhow!("{origin}: {at}{message}")
+    })?;
     settings(config).with_context(|| origin.to_owned())
 }
 
