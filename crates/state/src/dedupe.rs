@@ -11,6 +11,7 @@
 //! keys it sees first wait in a table of their own until [`Dedupe::commit`], so
 //! that a batch begun again decides the same rows.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int8Array, Int64Array, RecordBatch};
@@ -32,6 +33,15 @@ const ROWS_PER_TABLE: usize = 64 * 1024;
 /// away or taken again by the same key.
 const FORGOTTEN: i64 = i64::MIN;
 
+/// The span of expiry times the committed keys are listed by, so that a
+/// batch finds the keys its watermark passed without looking at the others.
+const EXPIRY_BUCKET_MS: i64 = 1_000;
+
+/// The bucket of keys expiring at `expires_ms`.
+fn bucket(expires_ms: i64) -> i64 {
+    expires_ms.div_euclid(EXPIRY_BUCKET_MS)
+}
+
 /// The seen keys of one keyed deduplication.
 pub struct Dedupe {
     key_fields: Vec<Field>,
@@ -45,6 +55,10 @@ pub struct Dedupe {
     keys: Keys,
     expires: Vec<i64>,
     live: usize,
+    /// Committed key numbers by the bucket of their expiry. A key renewed or
+    /// forgotten may stay listed under an old bucket too; only the bucket of
+    /// its expiry counts.
+    by_expiry: BTreeMap<i64, Vec<u32>>,
     /// The batch in progress.
     watermark_ms: i64,
     new_keys: Keys,
@@ -104,6 +118,7 @@ impl Dedupe {
             keys: Keys::default(),
             expires: Vec::new(),
             live: 0,
+            by_expiry: BTreeMap::new(),
             watermark_ms: i64::MIN,
             new_keys: Keys::default(),
             new_expires: Vec::new(),
@@ -226,13 +241,10 @@ impl Dedupe {
     /// Ends the batch: forgets the keys its watermark passed, and encodes what
     /// changed as the batch's delta.
     pub fn finish(&mut self) -> Result<(), StateError> {
-        self.removed = (0..self.expires.len() as u32)
-            .filter(|&n| {
-                self.expires[n as usize] != FORGOTTEN
-                    && !self.held(n)
-                    && !self.renewed.contains_key(&n)
-            })
-            .collect();
+        self.removed = self.passed().collect();
+        // A key renewed into the bucket it was listed under is listed twice.
+        self.removed.sort_unstable();
+        self.removed.dedup();
         self.stats.keys_removed = self.removed.len() as u64;
         let mut changes: Vec<(&[u8], i8, i64)> = Vec::new();
         changes.extend(
@@ -271,6 +283,54 @@ impl Dedupe {
         Ok(())
     }
 
+    /// The committed keys the batch's watermark passed and the batch did not
+    /// renew: those listed in the buckets it reached, under the bucket of
+    /// their expiry.
+    fn passed(&self) -> impl Iterator<Item = u32> + '_ {
+        let reached = match self.watermark_ms {
+            i64::MIN => None,
+            w => Some(bucket(w - 1)),
+        };
+        reached
+            .into_iter()
+            .flat_map(move |last| self.by_expiry.range(..=last))
+            .flat_map(|(&listed, numbers)| numbers.iter().map(move |&n| (listed, n)))
+            .filter(|&(listed, n)| {
+                let expires = self.expires[n as usize];
+                expires != FORGOTTEN
+                    && bucket(expires) == listed
+                    && expires < self.watermark_ms
+                    && !self.renewed.contains_key(&n)
+            })
+            .map(|(_, n)| n)
+    }
+
+    /// Lists committed key `n` under the bucket of its expiry.
+    fn list(&mut self, n: u32, expires: i64) {
+        self.by_expiry.entry(bucket(expires)).or_default().push(n);
+    }
+
+    /// Drops the buckets the batch's watermark passed: their keys are
+    /// forgotten or listed again under a later bucket, but in the last one
+    /// reached, which may hold keys expiring at or after the watermark.
+    fn drop_passed_buckets(&mut self) {
+        if self.watermark_ms == i64::MIN {
+            return;
+        }
+        let last = bucket(self.watermark_ms - 1);
+        self.by_expiry = self.by_expiry.split_off(&last);
+        if let Some(numbers) = self.by_expiry.get_mut(&last) {
+            let expires = &self.expires;
+            numbers.retain(|&n| {
+                let at = expires[n as usize];
+                at != FORGOTTEN && bucket(at) == last
+            });
+            if numbers.is_empty() {
+                self.by_expiry.remove(&last);
+            }
+        }
+    }
+
     /// Makes the finished batch's keys the committed ones.
     pub fn commit(&mut self) {
         if self.delta.take().is_none() {
@@ -286,6 +346,7 @@ impl Dedupe {
             self.expires[n as usize] = FORGOTTEN;
         }
         self.live -= self.removed.len();
+        self.drop_passed_buckets();
         let new_keys = std::mem::take(&mut self.new_keys);
         let new_bytes: usize = new_keys.iter().map(<[u8]>::len).sum();
         self.last_added = (new_keys.len(), new_bytes);
@@ -298,15 +359,22 @@ impl Dedupe {
         } else {
             self.keys.reserve(&self.hasher, new_keys.len(), new_bytes);
             self.expires.reserve(new_keys.len());
+            let renewed: Vec<(u32, i64)> = self.renewed.iter().map(|(&n, &e)| (n, e)).collect();
+            for (n, expires) in renewed {
+                self.list(n, expires);
+            }
         }
-        for ((key, &expires), &hash) in new_keys.iter().zip(&self.new_expires).zip(&self.new_hashes)
-        {
+        let (new_expires, new_hashes) = (
+            std::mem::take(&mut self.new_expires),
+            std::mem::take(&mut self.new_hashes),
+        );
+        for ((key, &expires), &hash) in new_keys.iter().zip(&new_expires).zip(&new_hashes) {
+            let n = self.keys.len() as u32;
             self.keys.push_fitting(&self.hasher, hash, key);
             self.expires.push(expires);
+            self.list(n, expires);
             self.live += 1;
         }
-        self.new_expires = Vec::new();
-        self.new_hashes = Vec::new();
         self.renewed = HashMap::new();
         self.removed = Vec::new();
     }
@@ -323,12 +391,23 @@ impl Dedupe {
         }
         self.keys = keys;
         self.expires = expires;
+        // The keys are numbered anew.
+        self.by_expiry.clear();
+        for n in 0..self.expires.len() {
+            self.list(n as u32, self.expires[n]);
+        }
     }
 
     /// What the keys take in memory, held and the batch's.
     fn memory_bytes(&self) -> u64 {
+        let listed: usize = self
+            .by_expiry
+            .values()
+            .map(|numbers| numbers.capacity() * size_of::<u32>() + 48)
+            .sum();
         (self.keys.memory_size()
             + self.expires.capacity() * size_of::<i64>()
+            + listed
             + self.new_keys.memory_size()
             + self.new_expires.capacity() * size_of::<i64>()
             + self.new_hashes.capacity() * size_of::<u64>()
@@ -480,6 +559,7 @@ impl Dedupe {
         self.keys = Keys::default();
         self.expires = Vec::new();
         self.live = 0;
+        self.by_expiry = BTreeMap::new();
         self.begin(i64::MIN);
     }
 
@@ -585,6 +665,81 @@ mod tests {
                 bytes,
             })
             .collect()
+    }
+
+    /// What a deduplication decides, kept the plain way: each held key's
+    /// expiry, every key looked at on every batch.
+    #[derive(Default)]
+    struct Model {
+        held: std::collections::HashMap<String, i64>,
+    }
+
+    impl Model {
+        fn batch(&mut self, watermark: i64, ids: &[String], at: &[i64]) -> (Vec<bool>, usize) {
+            let mut seen = std::collections::HashMap::new();
+            let kept = ids
+                .iter()
+                .zip(at)
+                .map(|(id, &at)| {
+                    let held = self.held.get(id).is_some_and(|&e| e >= watermark);
+                    if held || seen.contains_key(id) {
+                        return false;
+                    }
+                    seen.insert(id.clone(), at + 10);
+                    true
+                })
+                .collect();
+            let removed = self
+                .held
+                .iter()
+                .filter(|(id, e)| **e < watermark && !seen.contains_key(*id))
+                .count();
+            self.held.retain(|id, e| *e >= watermark || seen.contains_key(id));
+            self.held.extend(seen);
+            (kept, removed)
+        }
+    }
+
+    #[test]
+    fn it_decides_and_forgets_as_a_plain_model_does_over_many_batches() {
+        let mut d = dedupe();
+        let mut model = Model::default();
+        let mut random = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |below: u64| {
+            random ^= random << 13;
+            random ^= random >> 7;
+            random ^= random << 17;
+            random % below
+        };
+        let mut now = 0_i64;
+        for batch_no in 0..400 {
+            let rows = next(60) as usize;
+            let ids: Vec<String> = (0..rows).map(|_| format!("k{}", next(300))).collect();
+            let at: Vec<i64> = (0..rows)
+                .map(|_| {
+                    now += next(40) as i64;
+                    now - next(3_000) as i64
+                })
+                .collect();
+            let watermark = now - 2_000 - next(500) as i64;
+            let refs: Vec<Option<&str>> = ids.iter().map(|i| Some(i.as_str())).collect();
+            if batch_no % 7 == 3 {
+                // A batch begun, then begun again: the first attempt leaves no trace.
+                batch(&mut d, watermark, &refs[..rows / 2], &at[..rows / 2]);
+            }
+            let kept = batch(&mut d, watermark, &refs, &at);
+            let (want, removed) = model.batch(watermark, &ids, &at);
+            assert_eq!(kept, want, "batch {batch_no}");
+            assert_eq!(d.stats().keys_removed, removed as u64, "batch {batch_no}");
+            d.commit();
+            assert_eq!(d.stats().keys, model.held.len() as u64, "batch {batch_no}");
+            if batch_no % 50 == 49 {
+                let snapshot = files(&d, false);
+                let mut restored = dedupe();
+                StatefulOperator::<StateError>::restore(&mut restored, &snapshot).unwrap();
+                d = restored;
+            }
+        }
     }
 
     #[test]
