@@ -11,7 +11,6 @@
 //! keys it sees first wait in a table of their own until [`Dedupe::commit`], so
 //! that a batch begun again decides the same rows.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int8Array, Int64Array, RecordBatch};
@@ -33,15 +32,6 @@ const ROWS_PER_TABLE: usize = 64 * 1024;
 /// away or taken again by the same key.
 const FORGOTTEN: i64 = i64::MIN;
 
-/// The span of expiry times the committed keys are listed by, so that a
-/// batch finds the keys its watermark passed without looking at the others.
-const EXPIRY_BUCKET_MS: i64 = 1_000;
-
-/// The bucket of keys expiring at `expires_ms`.
-fn bucket(expires_ms: i64) -> i64 {
-    expires_ms.div_euclid(EXPIRY_BUCKET_MS)
-}
-
 /// The seen keys of one keyed deduplication.
 pub struct Dedupe {
     key_fields: Vec<Field>,
@@ -55,10 +45,6 @@ pub struct Dedupe {
     keys: Keys,
     expires: Vec<i64>,
     live: usize,
-    /// Committed key numbers by the bucket of their expiry. A key renewed or
-    /// forgotten may stay listed under an old bucket too; only the bucket of
-    /// its expiry counts.
-    by_expiry: BTreeMap<i64, Vec<u32>>,
     /// The batch in progress.
     watermark_ms: i64,
     new_keys: Keys,
@@ -118,7 +104,6 @@ impl Dedupe {
             keys: Keys::default(),
             expires: Vec::new(),
             live: 0,
-            by_expiry: BTreeMap::new(),
             watermark_ms: i64::MIN,
             new_keys: Keys::default(),
             new_expires: Vec::new(),
@@ -241,10 +226,13 @@ impl Dedupe {
     /// Ends the batch: forgets the keys its watermark passed, and encodes what
     /// changed as the batch's delta.
     pub fn finish(&mut self) -> Result<(), StateError> {
-        self.removed = self.passed().collect();
-        // A key renewed into the bucket it was listed under is listed twice.
-        self.removed.sort_unstable();
-        self.removed.dedup();
+        self.removed = (0..self.expires.len() as u32)
+            .filter(|&n| {
+                self.expires[n as usize] != FORGOTTEN
+                    && !self.held(n)
+                    && !self.renewed.contains_key(&n)
+            })
+            .collect();
         self.stats.keys_removed = self.removed.len() as u64;
         let mut changes: Vec<(&[u8], i8, i64)> = Vec::new();
         changes.extend(
@@ -283,54 +271,6 @@ impl Dedupe {
         Ok(())
     }
 
-    /// The committed keys the batch's watermark passed and the batch did not
-    /// renew: those listed in the buckets it reached, under the bucket of
-    /// their expiry.
-    fn passed(&self) -> impl Iterator<Item = u32> + '_ {
-        let reached = match self.watermark_ms {
-            i64::MIN => None,
-            w => Some(bucket(w - 1)),
-        };
-        reached
-            .into_iter()
-            .flat_map(move |last| self.by_expiry.range(..=last))
-            .flat_map(|(&listed, numbers)| numbers.iter().map(move |&n| (listed, n)))
-            .filter(|&(listed, n)| {
-                let expires = self.expires[n as usize];
-                expires != FORGOTTEN
-                    && bucket(expires) == listed
-                    && expires < self.watermark_ms
-                    && !self.renewed.contains_key(&n)
-            })
-            .map(|(_, n)| n)
-    }
-
-    /// Lists committed key `n` under the bucket of its expiry.
-    fn list(&mut self, n: u32, expires: i64) {
-        self.by_expiry.entry(bucket(expires)).or_default().push(n);
-    }
-
-    /// Drops the buckets the batch's watermark passed: their keys are
-    /// forgotten or listed again under a later bucket, but in the last one
-    /// reached, which may hold keys expiring at or after the watermark.
-    fn drop_passed_buckets(&mut self) {
-        if self.watermark_ms == i64::MIN {
-            return;
-        }
-        let last = bucket(self.watermark_ms - 1);
-        self.by_expiry = self.by_expiry.split_off(&last);
-        if let Some(numbers) = self.by_expiry.get_mut(&last) {
-            let expires = &self.expires;
-            numbers.retain(|&n| {
-                let at = expires[n as usize];
-                at != FORGOTTEN && bucket(at) == last
-            });
-            if numbers.is_empty() {
-                self.by_expiry.remove(&last);
-            }
-        }
-    }
-
     /// Makes the finished batch's keys the committed ones.
     pub fn commit(&mut self) {
         if self.delta.take().is_none() {
@@ -346,7 +286,6 @@ impl Dedupe {
             self.expires[n as usize] = FORGOTTEN;
         }
         self.live -= self.removed.len();
-        self.drop_passed_buckets();
         let new_keys = std::mem::take(&mut self.new_keys);
         let new_bytes: usize = new_keys.iter().map(<[u8]>::len).sum();
         self.last_added = (new_keys.len(), new_bytes);
@@ -359,22 +298,15 @@ impl Dedupe {
         } else {
             self.keys.reserve(&self.hasher, new_keys.len(), new_bytes);
             self.expires.reserve(new_keys.len());
-            let renewed: Vec<(u32, i64)> = self.renewed.iter().map(|(&n, &e)| (n, e)).collect();
-            for (n, expires) in renewed {
-                self.list(n, expires);
-            }
         }
-        let (new_expires, new_hashes) = (
-            std::mem::take(&mut self.new_expires),
-            std::mem::take(&mut self.new_hashes),
-        );
-        for ((key, &expires), &hash) in new_keys.iter().zip(&new_expires).zip(&new_hashes) {
-            let n = self.keys.len() as u32;
+        for ((key, &expires), &hash) in new_keys.iter().zip(&self.new_expires).zip(&self.new_hashes)
+        {
             self.keys.push_fitting(&self.hasher, hash, key);
             self.expires.push(expires);
-            self.list(n, expires);
             self.live += 1;
         }
+        self.new_expires = Vec::new();
+        self.new_hashes = Vec::new();
         self.renewed = HashMap::new();
         self.removed = Vec::new();
     }
@@ -391,23 +323,12 @@ impl Dedupe {
         }
         self.keys = keys;
         self.expires = expires;
-        // The keys are numbered anew.
-        self.by_expiry.clear();
-        for n in 0..self.expires.len() {
-            self.list(n as u32, self.expires[n]);
-        }
     }
 
     /// What the keys take in memory, held and the batch's.
     fn memory_bytes(&self) -> u64 {
-        let listed: usize = self
-            .by_expiry
-            .values()
-            .map(|numbers| numbers.capacity() * size_of::<u32>() + 48)
-            .sum();
         (self.keys.memory_size()
             + self.expires.capacity() * size_of::<i64>()
-            + listed
             + self.new_keys.memory_size()
             + self.new_expires.capacity() * size_of::<i64>()
             + self.new_hashes.capacity() * size_of::<u64>()
@@ -559,7 +480,6 @@ impl Dedupe {
         self.keys = Keys::default();
         self.expires = Vec::new();
         self.live = 0;
-        self.by_expiry = BTreeMap::new();
         self.begin(i64::MIN);
     }
 
