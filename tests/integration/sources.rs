@@ -222,6 +222,19 @@ async fn a_json_and_an_avro_topic_are_two_tables_of_one_query_with_a_plan_line_e
             .unwrap(),
         "SELECT 'order' AS kind, order, customer FROM orders",
     );
+    // `validate` finds both sources' partitions, and a checkpoint of another
+    // number of sources.
+    let valid = run(&["validate", "--config", query.to_str().unwrap()]);
+    assert!(valid.status.success(), "{}", stderr(&valid));
+    let said = String::from_utf8_lossy(&valid.stdout);
+    assert!(said.contains("3 partitions"), "{said}");
+    let refused = run(&["validate", "--config", only.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("holds offsets of 2 source(s), and the query reads 1"),
+        "{}",
+        stderr(&refused)
+    );
     for (changed, named) in [(&reversed, "2 (KafkaV2[Subscribe["), (&only, "1 (KafkaV2")] {
         let output = run(&["run", "--config", changed.to_str().unwrap()]);
         let log = stderr(&output);

@@ -33,7 +33,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sluice_cassandra_store::{CassandraSink, CassandraStore};
 use sluice_checkpoint_fs::Checkpoint;
-use sluice_core::{OffsetStore, PassThrough, Processor, Source, Writes};
+use sluice_core::{BatchPlan, OffsetStore, PassThrough, Processor, Source, Writes};
 use sluice_executor::sinks::{ConsoleFormat, ConsoleSink, DiscardSink, JsonlSink};
 use sluice_executor::{Query, QueryOptions, QueryProgress, QueryStore};
 use sluice_kafka::{KafkaSink, KafkaSource, KafkaSources};
@@ -709,38 +709,58 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
             .await
             .map_err(Classify::exit)?;
     }
-    let mut source = KafkaSource::new(settings.kafka().clone(), "validate")
-        .map_err(|e| Exit::config(e.into()))?;
-    let partitions = source.partitions().await.map_err(Classify::exit)?;
-    let missing: Vec<String> = match &settings.kafka().selection {
-        sluice_kafka::TopicSelection::Subscribe(topics) => topics
-            .iter()
-            .filter(|t| !partitions.keys().any(|tp| *tp.topic == ***t))
-            .cloned()
-            .collect(),
-        sluice_kafka::TopicSelection::Assign(assign) => assign
-            .iter()
-            .flat_map(|(t, ps)| {
-                ps.iter()
-                    .map(move |p| sluice_core::TopicPartition::new(t.as_str(), *p))
-            })
-            .filter(|tp| !partitions.contains_key(tp))
-            .map(|tp| tp.to_string())
-            .collect(),
-        sluice_kafka::TopicSelection::SubscribePattern(_) => Vec::new(),
-    };
-    if !missing.is_empty() {
-        return Err(Exit::config(anyhow::anyhow!(
-            "{}: Kafka at {} has no {}",
-            config.display(),
-            settings.kafka().bootstrap_servers,
-            missing.join(", ")
-        )));
+    let mut partitions = 0;
+    for stream in &settings.sources {
+        let kafka = &stream.source.kafka;
+        let mut source =
+            KafkaSource::new(kafka.clone(), "validate").map_err(|e| Exit::config(e.into()))?;
+        let found = source.partitions().await.map_err(Classify::exit)?;
+        partitions += found.len();
+        let missing: Vec<String> = match &kafka.selection {
+            sluice_kafka::TopicSelection::Subscribe(topics) => topics
+                .iter()
+                .filter(|t| !found.keys().any(|tp| *tp.topic == ***t))
+                .cloned()
+                .collect(),
+            sluice_kafka::TopicSelection::Assign(assign) => assign
+                .iter()
+                .flat_map(|(t, ps)| {
+                    ps.iter()
+                        .map(move |p| sluice_core::TopicPartition::new(t.as_str(), *p))
+                })
+                .filter(|tp| !found.contains_key(tp))
+                .map(|tp| tp.to_string())
+                .collect(),
+            sluice_kafka::TopicSelection::SubscribePattern(_) => Vec::new(),
+        };
+        if !missing.is_empty() {
+            let of = match settings.sources.len() {
+                1 => String::new(),
+                _ => format!(" ([sources.{}])", stream.table),
+            };
+            return Err(Exit::config(anyhow::anyhow!(
+                "{}: Kafka at {} has no {}{of}",
+                config.display(),
+                kafka.bootstrap_servers,
+                missing.join(", ")
+            )));
+        }
     }
     let checkpoint = match &settings.checkpoint {
         StoreKind::Directory(dir) => {
             if dir.join("metadata").exists() {
-                Checkpoint::inspect(dir).map_err(Exit::checkpoint)?;
+                let (_, stored) = Checkpoint::inspect(dir).map_err(Exit::checkpoint)?;
+                let lines = stored.latest_plan.as_ref().map(BatchPlan::source_count);
+                if let Some(lines) = lines.filter(|n| *n != settings.sources.len()) {
+                    return Err(Exit::config(anyhow::anyhow!(
+                        "{}: the checkpoint {} holds offsets of {lines} source(s), and the query \
+                         reads {} ({}): a checkpoint keeps the sources it was started with",
+                        config.display(),
+                        dir.display(),
+                        settings.sources.len(),
+                        describe_sources(&settings)
+                    )));
+                }
             }
             dir.display().to_string()
         }
@@ -755,7 +775,7 @@ async fn validate(config: PathBuf) -> Result<(), Exit> {
         "{}: valid; Kafka at {} answers with {} partitions for {}; checkpoint {}",
         config.display(),
         settings.kafka().bootstrap_servers,
-        partitions.len(),
+        partitions,
         describe_sources(&settings),
         checkpoint
     );

@@ -614,7 +614,8 @@ mod tests {
                 .iter()
                 .filter(|(id, e)| **e < watermark && !seen.contains_key(*id))
                 .count();
-            self.held.retain(|id, e| *e >= watermark || seen.contains_key(id));
+            self.held
+                .retain(|id, e| *e >= watermark || seen.contains_key(id));
             self.held.extend(seen);
             (kept, removed)
         }
