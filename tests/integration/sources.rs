@@ -246,6 +246,19 @@ async fn a_json_and_an_avro_topic_are_two_tables_of_one_query_with_a_plan_line_e
     }
     assert_eq!(rows(dir.path()), want, "nothing more was written");
 
+    // `offsets show` has each source's end offsets, in order.
+    let shown = run(&[
+        "offsets",
+        "show",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+    ]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let lines = &shown["sources"]["endOffsets"];
+    assert_eq!(lines[0][&orders]["0"], 15, "{shown}");
+    assert_eq!(lines[1][&payments]["0"], 12, "{shown}");
+
     // `offsets set` moves the payments back to 8 and keeps both lines: the
     // query reads payments 108 to 111 again and nothing of the orders.
     let moved = run(&[

@@ -366,13 +366,24 @@ fn report(location: &str, id: &str, stored: &StoredBatches) -> Value {
                 "endOffsets": offsets_json(&plan.end_offsets()),
             })
         });
-    json!({
+    let mut report = json!({
         "checkpoint": location,
         "id": id,
         "lastCommitted": last,
         "pending": pending,
         "initialOffsets": stored.initial_offsets.as_ref().map(offsets_json),
-    })
+    });
+    // A query of several sources: each one's end offsets, in the order of
+    // the lines its plans keep.
+    if let Some(plan) = stored.latest_plan.as_ref().filter(|p| p.source_count() > 1) {
+        let lines: Vec<Value> = plan
+            .end_offsets_by_source()
+            .iter()
+            .map(offsets_json)
+            .collect();
+        report["sources"] = json!({ "batchId": plan.id().0, "endOffsets": lines });
+    }
+    report
 }
 
 /// The state a restart starts from: the version of the last commit, and the
