@@ -927,7 +927,7 @@ where
             &planned,
             rows,
             &end,
-            &(streamed.output_rows, streamed.bad_records),
+            streamed.output_rows,
             &streamed.by_source,
         );
         progress.state_operators = self.state_progress(&state);
@@ -1081,10 +1081,9 @@ where
         planned: &Planned,
         rows: u64,
         end: &PartitionOffsets,
-        counts: &(u64, u64),
+        output_rows: u64,
         by_source: &[(u64, u64)],
     ) -> QueryProgress {
-        let (output_rows, _) = *counts;
         let execution = planned.durations.trigger_execution.max(1) as f64 / 1_000_000.0;
         let since_last = self
             .last_trigger
