@@ -7,9 +7,15 @@
 //! The seen keys are packed as the aggregation's groups are ([`Keys`]: Arrow's
 //! row format in one buffer, a hash table of numbers over them), each with the
 //! event time at which it expires: about its key's bytes plus 20 bytes a key,
-//! with no allocation of its own. A batch never changes what is committed: the
-//! keys it sees first wait in a table of their own until [`Dedupe::commit`], so
-//! that a batch begun again decides the same rows.
+//! with no allocation of its own. A batch's new keys join the same table, so
+//! that a row costs one probe, but they are numbered after the committed ones
+//! and dropped again when a batch begins anew, so that a batch begun again
+//! decides the same rows.
+//!
+//! A batch's delta holds the keys it wrote and one row for those its watermark
+//! forgot: every key that expired before it, which restoring forgets in the
+//! same way. Listing each forgotten key would double the delta of a stream
+//! whose keys come and go at its rate.
 
 use std::sync::Arc;
 
@@ -28,6 +34,11 @@ use crate::{Encoder, StateError, decode, partition_of};
 /// written a table at a time.
 const ROWS_PER_TABLE: usize = 64 * 1024;
 
+/// The op of a delta's first row when its batch forgot keys: every key that
+/// expired before the row's `expires_ms` (the batch's watermark) is forgotten;
+/// its key columns are null.
+const OP_EXPIRE: i8 = 2;
+
 /// A forgotten key's expiry: it is absent, and its slot waits to be compacted
 /// away or taken again by the same key.
 const FORGOTTEN: i64 = i64::MIN;
@@ -40,17 +51,16 @@ pub struct Dedupe {
     delay_ms: i64,
     partitions: u32,
     memory_limit: u64,
-    /// Committed keys and, per key number, when it expires ([`FORGOTTEN`] for a
-    /// key removed since the keys were last compacted).
+    /// The keys and, per key number, when it expires ([`FORGOTTEN`] for a
+    /// key removed since the keys were last compacted): the committed keys,
+    /// numbered below `committed`, then the batch's new ones.
     keys: Keys,
     expires: Vec<i64>,
+    committed: usize,
+    /// Committed keys not forgotten.
     live: usize,
     /// The batch in progress.
     watermark_ms: i64,
-    new_keys: Keys,
-    new_expires: Vec<i64>,
-    /// The new keys' hashes, so that committing them hashes nothing again.
-    new_hashes: Vec<u64>,
     /// How many keys, of how many bytes, the last batch added: room for as
     /// many is made when a batch begins.
     last_added: (usize, usize),
@@ -103,11 +113,9 @@ impl Dedupe {
             memory_limit: u64::MAX,
             keys: Keys::default(),
             expires: Vec::new(),
+            committed: 0,
             live: 0,
             watermark_ms: i64::MIN,
-            new_keys: Keys::default(),
-            new_expires: Vec::new(),
-            new_hashes: Vec::new(),
             last_added: (0, 0),
             renewed: HashMap::new(),
             removed: Vec::new(),
@@ -132,10 +140,13 @@ impl Dedupe {
     /// keys, forgetting whatever a batch begun before did.
     pub fn begin(&mut self, watermark_ms: i64) {
         self.watermark_ms = watermark_ms;
+        if self.keys.len() > self.committed {
+            self.keys.truncate(&self.hasher, self.committed);
+            self.expires.truncate(self.committed);
+        }
         let (keys, bytes) = self.last_added;
-        self.new_keys = Keys::with_capacity(keys, bytes);
-        self.new_expires = Vec::with_capacity(keys);
-        self.new_hashes = Vec::with_capacity(keys);
+        self.keys.reserve(&self.hasher, keys, bytes);
+        self.expires.reserve(keys);
         self.renewed = HashMap::new();
         self.removed.clear();
         self.delta = None;
@@ -164,10 +175,10 @@ impl Dedupe {
             .converter
             .convert_columns(keys)
             .map_err(|e| internal("keys of the deduplication", e))?;
-        if self.new_keys.len() == 0 {
-            // A batch's first rows are mostly new keys: room for them at once.
+        if self.keys.len() == self.committed && self.last_added.0 == 0 {
+            // A first batch's rows are mostly new keys: room for them at once.
             let bytes = rows.size().min(rows.num_rows() * 64);
-            self.new_keys.reserve(&self.hasher, rows.num_rows(), bytes);
+            self.keys.reserve(&self.hasher, rows.num_rows(), bytes);
         }
         let mut keep = Vec::with_capacity(rows.num_rows());
         for (row, key) in rows.iter().enumerate() {
@@ -180,21 +191,18 @@ impl Dedupe {
             } else {
                 event_ms.value(row).saturating_add(self.delay_ms)
             };
-            let passes = match self.keys.find(hash, key) {
-                Some(held) if self.held(held) => false,
-                Some(held) => match self.renewed.entry(held) {
+            let passes = match self.keys.find_or_push(&self.hasher, hash, key)? {
+                (_, true) => {
+                    self.expires.push(expires);
+                    true
+                }
+                // A key the batch saw first.
+                (n, false) if n as usize >= self.committed => false,
+                (n, false) if self.held(n) => false,
+                (n, false) => match self.renewed.entry(n) {
                     hashbrown::hash_map::Entry::Occupied(_) => false,
                     hashbrown::hash_map::Entry::Vacant(entry) => {
                         entry.insert(expires);
-                        true
-                    }
-                },
-                None => match self.new_keys.find(hash, key) {
-                    Some(_) => false,
-                    None => {
-                        self.new_keys.push(&self.hasher, hash, key)?;
-                        self.new_expires.push(expires);
-                        self.new_hashes.push(hash);
                         true
                     }
                 },
@@ -226,7 +234,7 @@ impl Dedupe {
     /// Ends the batch: forgets the keys its watermark passed, and encodes what
     /// changed as the batch's delta.
     pub fn finish(&mut self) -> Result<(), StateError> {
-        self.removed = (0..self.expires.len() as u32)
+        self.removed = (0..self.committed as u32)
             .filter(|&n| {
                 self.expires[n as usize] != FORGOTTEN
                     && !self.held(n)
@@ -234,27 +242,18 @@ impl Dedupe {
             })
             .collect();
         self.stats.keys_removed = self.removed.len() as u64;
-        let mut changes: Vec<(&[u8], i8, i64)> = Vec::new();
-        changes.extend(
-            self.new_keys
-                .iter()
-                .zip(&self.new_expires)
-                .map(|(key, &expires)| (key, OP_WRITE, expires)),
-        );
-        changes.extend(
-            self.renewed
-                .iter()
-                .map(|(&n, &expires)| (self.keys.key(n), OP_WRITE, expires)),
-        );
-        changes.extend(
-            self.removed
-                .iter()
-                .map(|&n| (self.keys.key(n), OP_REMOVE, 0)),
-        );
-        let delta = self.files(changes.into_iter())?;
-        self.stats.batch_memory_bytes = (self.new_keys.memory_size()
-            + self.new_expires.capacity() * size_of::<i64>()
-            + self.new_hashes.capacity() * size_of::<u64>()
+        let added = self.keys.len() - self.committed;
+        let written = (self.committed as u32..self.keys.len() as u32)
+            .map(|n| (self.keys.key(n), self.expires[n as usize]))
+            .chain(
+                self.renewed
+                    .iter()
+                    .map(|(&n, &expires)| (self.keys.key(n), expires)),
+            );
+        let expired = (!self.removed.is_empty()).then_some(self.watermark_ms);
+        let delta = self.files(expired, added + self.renewed.len(), written)?;
+        self.stats.batch_memory_bytes = (self.keys.bytes_from(self.committed)
+            + added * (size_of::<u32>() + size_of::<i64>() + 8)
             + self.renewed.allocation_size()
             + self.removed.capacity() * size_of::<u32>()
             + delta.iter().map(Vec::len).sum::<usize>())
@@ -265,8 +264,7 @@ impl Dedupe {
             .keys()
             .filter(|&&n| self.expires[n as usize] == FORGOTTEN)
             .count();
-        self.stats.keys =
-            (self.live + self.new_expires.len() + revived - self.removed.len()) as u64;
+        self.stats.keys = (self.live + added + revived - self.removed.len()) as u64;
         self.stats.memory_bytes = self.memory_bytes();
         Ok(())
     }
@@ -286,35 +284,35 @@ impl Dedupe {
             self.expires[n as usize] = FORGOTTEN;
         }
         self.live -= self.removed.len();
-        let new_keys = std::mem::take(&mut self.new_keys);
-        let new_bytes: usize = new_keys.iter().map(<[u8]>::len).sum();
-        self.last_added = (new_keys.len(), new_bytes);
-        // The forgotten keys' slots are dropped before the new keys come, so
-        // that only the live keys are hashed again, into a table with room
-        // for the new ones too.
+        let added = self.keys.len() - self.committed;
+        self.last_added = (added, self.keys.bytes_from(self.committed));
+        self.live += added;
+        self.committed = self.keys.len();
+        // Forgotten keys' slots are dropped when they are as many as the live
+        // keys, and before the table would grow for the next batch's new keys:
+        // growing hashes every key again, forgotten ones too, and compacting
+        // hashes only the live ones.
         let forgotten = self.expires.len() - self.live;
-        if forgotten > 1024 && forgotten > self.live {
-            self.compact(new_keys.len());
-        } else {
-            self.keys.reserve(&self.hasher, new_keys.len(), new_bytes);
-            self.expires.reserve(new_keys.len());
+        if forgotten > 1024 && (forgotten > self.live || self.keys.room() < added) {
+            self.compact();
         }
-        for ((key, &expires), &hash) in new_keys.iter().zip(&self.new_expires).zip(&self.new_hashes)
-        {
-            self.keys.push_fitting(&self.hasher, hash, key);
-            self.expires.push(expires);
-            self.live += 1;
-        }
-        self.new_expires = Vec::new();
-        self.new_hashes = Vec::new();
         self.renewed = HashMap::new();
         self.removed = Vec::new();
     }
 
-    /// Drops the forgotten keys' slots, leaving room for `more` keys.
-    fn compact(&mut self, more: usize) {
-        let mut keys = Keys::with_capacity(self.live + more, 0);
-        let mut expires = Vec::with_capacity(self.live + more);
+    /// Drops the forgotten keys' slots, leaving room for as many new keys as
+    /// the last batch added.
+    fn compact(&mut self) {
+        // Room for two batches' new keys, so that the next batch finds room
+        // and the one after it, with the keys the next one forgets, finds
+        // the table due for compacting rather than growing.
+        let (more, bytes) = self.last_added;
+        let live_bytes: usize = (0..self.expires.len() as u32)
+            .filter(|&n| self.expires[n as usize] != FORGOTTEN)
+            .map(|n| self.keys.key(n).len())
+            .sum();
+        let mut keys = Keys::with_capacity(self.live + 2 * more, live_bytes + 2 * bytes);
+        let mut expires = Vec::with_capacity(self.live + 2 * more);
         for (key, &at) in self.keys.iter().zip(&self.expires) {
             if at != FORGOTTEN {
                 keys.push_fitting(&self.hasher, self.hasher.hash(key), key);
@@ -323,15 +321,13 @@ impl Dedupe {
         }
         self.keys = keys;
         self.expires = expires;
+        self.committed = self.keys.len();
     }
 
     /// What the keys take in memory, held and the batch's.
     fn memory_bytes(&self) -> u64 {
         (self.keys.memory_size()
             + self.expires.capacity() * size_of::<i64>()
-            + self.new_keys.memory_size()
-            + self.new_expires.capacity() * size_of::<i64>()
-            + self.new_hashes.capacity() * size_of::<u64>()
             + self.renewed.allocation_size()) as u64
     }
 
@@ -353,30 +349,46 @@ impl Dedupe {
         Arc::new(Schema::new(fields))
     }
 
-    /// One file per partition of `changes` (key in row format, op, expiry),
-    /// each written a table of at most [`ROWS_PER_TABLE`] rows at a time, so
-    /// that a snapshot of many keys is never one table in memory.
+    /// One file per partition: first the row that forgets the keys expired
+    /// before `expired`, when there is one, then `written` (about `rows` keys
+    /// in row format, each with its expiry), a table of at most
+    /// [`ROWS_PER_TABLE`] rows at a time, so that a snapshot of many keys is
+    /// never one table in memory.
     fn files<'a>(
         &self,
-        changes: impl Iterator<Item = (&'a [u8], i8, i64)>,
+        expired: Option<i64>,
+        rows: usize,
+        written: impl Iterator<Item = (&'a [u8], i64)>,
     ) -> Result<Vec<Vec<u8>>, StateError> {
         let schema = self.file_schema();
         let partitions = self.partitions as usize;
         let mut files = (0..partitions)
             .map(|_| Encoder::new(&schema))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut written = vec![false; partitions];
-        let mut pending: Vec<Vec<(&[u8], i8, i64)>> = vec![Vec::new(); partitions];
-        for change in changes {
-            let part = partition_of(change.0, self.partitions) as usize;
-            pending[part].push(change);
+        if let Some(watermark_ms) = expired {
+            let expire = self.expire_row(watermark_ms)?;
+            for file in &mut files {
+                file.write(&expire)?;
+            }
+        }
+        let mut written_any = vec![expired.is_some(); partitions];
+        let room = (rows / partitions + 1).min(ROWS_PER_TABLE);
+        let mut pending: Vec<Vec<(&[u8], i64)>> =
+            (0..partitions).map(|_| Vec::with_capacity(room)).collect();
+        for (key, expires) in written {
+            let part = if partitions == 1 {
+                0
+            } else {
+                partition_of(key, self.partitions) as usize
+            };
+            pending[part].push((key, expires));
             if pending[part].len() == ROWS_PER_TABLE {
                 files[part].write(&self.table(&pending[part])?)?;
                 pending[part].clear();
-                written[part] = true;
+                written_any[part] = true;
             }
         }
-        for ((file, rest), written) in files.iter_mut().zip(&pending).zip(written) {
+        for ((file, rest), written) in files.iter_mut().zip(&pending).zip(written_any) {
             if !rest.is_empty() || !written {
                 file.write(&self.table(rest)?)?;
             }
@@ -384,19 +396,32 @@ impl Dedupe {
         files.into_iter().map(Encoder::finish).collect()
     }
 
-    fn table(&self, changes: &[(&[u8], i8, i64)]) -> Result<RecordBatch, StateError> {
+    /// Keys written, each with its expiry, as a table of a state file.
+    fn table(&self, written: &[(&[u8], i64)]) -> Result<RecordBatch, StateError> {
         let parser = self.converter.parser();
         let keys = self
             .converter
-            .convert_rows(changes.iter().map(|c| parser.parse(c.0)))
+            .convert_rows(written.iter().map(|w| parser.parse(w.0)))
             .map_err(|e| internal("keys of the deduplication", e))?;
-        let mut columns: Vec<ArrayRef> = vec![Arc::new(Int8Array::from_iter_values(
-            changes.iter().map(|c| c.1),
-        ))];
+        let mut columns: Vec<ArrayRef> =
+            vec![Arc::new(Int8Array::from_value(OP_WRITE, written.len()))];
         columns.extend(keys);
         columns.push(Arc::new(Int64Array::from_iter_values(
-            changes.iter().map(|c| c.2),
+            written.iter().map(|w| w.1),
         )));
+        RecordBatch::try_new(self.file_schema(), columns)
+            .map_err(|e| internal("a state file of the deduplication", e))
+    }
+
+    /// The row that forgets every key expired before `watermark_ms`.
+    fn expire_row(&self, watermark_ms: i64) -> Result<RecordBatch, StateError> {
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(Int8Array::from(vec![OP_EXPIRE]))];
+        columns.extend(
+            self.key_fields
+                .iter()
+                .map(|f| arrow::array::new_null_array(f.data_type(), 1)),
+        );
+        columns.push(Arc::new(Int64Array::from(vec![watermark_ms])));
         RecordBatch::try_new(self.file_schema(), columns)
             .map_err(|e| internal("a state file of the deduplication", e))
     }
@@ -406,10 +431,10 @@ impl Dedupe {
         let held = self
             .keys
             .iter()
-            .zip(&self.expires)
+            .zip(&self.expires[..self.committed])
             .filter(|(_, at)| **at != FORGOTTEN)
-            .map(|(key, &at)| (key, OP_WRITE, at));
-        self.files(held)
+            .map(|(key, &at)| (key, at));
+        self.files(None, self.live, held)
     }
 
     /// The batch's delta, once it finished and until it is committed.
@@ -418,11 +443,11 @@ impl Dedupe {
     }
 
     /// Sets the committed keys from state files' tables, each a snapshot or a
-    /// delta, in the order they were written per partition.
-    pub fn restore(&mut self, tables: &[(RecordBatch, &str)]) -> Result<(), StateError> {
+    /// delta of a partition, in the order they were written per partition.
+    pub fn restore(&mut self, tables: &[(RecordBatch, u32, &str)]) -> Result<(), StateError> {
         self.reset();
         let key_columns = self.key_fields.len();
-        for (table, location) in tables {
+        for (table, partition, location) in tables {
             let damaged = |reason: String| StateError::Damaged {
                 location: (*location).to_owned(),
                 reason,
@@ -440,6 +465,10 @@ impl Dedupe {
                 .convert_columns(&table.columns()[1..=key_columns])
                 .map_err(|e| damaged(format!("its keys do not read back ({e})")))?;
             for (row, key) in rows.iter().enumerate() {
+                if ops.value(row) == OP_EXPIRE {
+                    self.expire(expires.value(row), *partition);
+                    continue;
+                }
                 let key = key.as_ref();
                 let hash = self.hasher.hash(key);
                 let number = self.keys.find(hash, key);
@@ -463,22 +492,39 @@ impl Dedupe {
                     (op, _) => {
                         return Err(damaged(format!(
                             "damaged or written by a newer Sluice: row {row} has the op {op}, \
-                             and a deduplication's state knows 0 and 1"
+                             and a deduplication's state knows 0, 1 and 2"
                         )));
                     }
                 }
             }
         }
-        self.compact(0);
+        self.committed = self.keys.len();
+        self.compact();
         self.stats.keys = self.live as u64;
         self.stats.memory_bytes = self.memory_bytes();
         Ok(())
+    }
+
+    /// Forgets the keys of `partition` that expired before `watermark_ms`, as
+    /// the batch that wrote it did.
+    fn expire(&mut self, watermark_ms: i64, partition: u32) {
+        for (n, at) in self.expires.iter_mut().enumerate() {
+            if *at != FORGOTTEN
+                && *at < watermark_ms
+                && (self.partitions == 1
+                    || partition_of(self.keys.key(n as u32), self.partitions) == partition)
+            {
+                *at = FORGOTTEN;
+                self.live -= 1;
+            }
+        }
     }
 
     /// Forgets every key.
     pub fn reset(&mut self) {
         self.keys = Keys::default();
         self.expires = Vec::new();
+        self.committed = 0;
         self.live = 0;
         self.begin(i64::MIN);
     }
@@ -510,7 +556,10 @@ impl<E: From<StateError>> StatefulOperator<E> for Dedupe {
         let schema = self.file_schema();
         let tables = files
             .iter()
-            .map(|f| Ok((decode(&f.bytes, &schema, &f.location)?, f.location.as_str())))
+            .map(|f| {
+                let table = decode(&f.bytes, &schema, &f.location)?;
+                Ok((table, f.partition, f.location.as_str()))
+            })
             .collect::<Result<Vec<_>, StateError>>()?;
         Ok(Dedupe::restore(self, &tables)?)
     }
@@ -633,6 +682,7 @@ mod tests {
             random % below
         };
         let mut now = 0_i64;
+        let mut stored = Vec::new();
         for batch_no in 0..400 {
             let rows = next(60) as usize;
             let ids: Vec<String> = (0..rows).map(|_| format!("k{}", next(300))).collect();
@@ -652,13 +702,20 @@ mod tests {
             let (want, removed) = model.batch(watermark, &ids, &at);
             assert_eq!(kept, want, "batch {batch_no}");
             assert_eq!(d.stats().keys_removed, removed as u64, "batch {batch_no}");
+            stored.extend(files(&d, true));
             d.commit();
             assert_eq!(d.stats().keys, model.held.len() as u64, "batch {batch_no}");
             if batch_no % 50 == 49 {
-                let snapshot = files(&d, false);
+                // Restored from the last snapshot and every delta after it,
+                // partition by partition as a store reads them.
+                stored.sort_by_key(|f| f.partition);
                 let mut restored = dedupe();
-                StatefulOperator::<StateError>::restore(&mut restored, &snapshot).unwrap();
+                StatefulOperator::<StateError>::restore(&mut restored, &stored).unwrap();
+                assert_eq!(restored.stats().keys, d.stats().keys, "batch {batch_no}");
                 d = restored;
+            }
+            if batch_no % 100 == 99 {
+                stored = files(&d, false);
             }
         }
     }

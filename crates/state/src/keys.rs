@@ -63,7 +63,9 @@ impl Keys {
     /// [`KeyHasher`].
     pub(crate) fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
         self.table
-            .find(hash, |&group| key_of(&self.bytes, &self.ends, group) == key)
+            .find(hash, |&group| {
+                same(key_of(&self.bytes, &self.ends, group), key)
+            })
             .copied()
     }
 
@@ -97,6 +99,68 @@ impl Keys {
         group
     }
 
+    /// The group whose key is `key`, added as the next group when no group
+    /// has it (then `true`), in one probe of the table.
+    pub(crate) fn find_or_push(
+        &mut self,
+        hasher: &KeyHasher,
+        hash: u64,
+        key: &[u8],
+    ) -> Result<(u32, bool), StateError> {
+        let Keys { bytes, ends, table } = self;
+        let entry = table.entry(
+            hash,
+            |&g| same(key_of(bytes, ends, g), key),
+            |&g| hasher.hash(key_of(bytes, ends, g)),
+        );
+        match entry {
+            hashbrown::hash_table::Entry::Occupied(found) => Ok((*found.get(), false)),
+            hashbrown::hash_table::Entry::Vacant(room) => {
+                let group = ends.len() as u32;
+                if ends.len() >= u32::MAX as usize || bytes.len() + key.len() > u32::MAX as usize {
+                    return Err(too_many());
+                }
+                bytes.extend_from_slice(key);
+                ends.push(bytes.len() as u32);
+                room.insert(group);
+                Ok((group, true))
+            }
+        }
+    }
+
+    /// Drops the groups numbered `len` and above, as if they had never come.
+    pub(crate) fn truncate(&mut self, hasher: &KeyHasher, len: usize) {
+        for group in (len..self.ends.len()).rev() {
+            let group = group as u32;
+            let hash = hasher.hash(self.key(group));
+            if let Ok(found) = self.table.find_entry(hash, |&g| g == group) {
+                found.remove();
+            }
+        }
+        let end = if len == 0 {
+            0
+        } else {
+            self.ends[len - 1] as usize
+        };
+        self.bytes.truncate(end);
+        self.ends.truncate(len);
+    }
+
+    /// The bytes of the keys of groups `from` onwards.
+    pub(crate) fn bytes_from(&self, from: usize) -> usize {
+        let start = if from == 0 {
+            0
+        } else {
+            self.ends[from - 1] as usize
+        };
+        self.bytes.len() - start
+    }
+
+    /// How many more groups the table takes before it grows.
+    pub(crate) fn room(&self) -> usize {
+        self.table.capacity() - self.table.len()
+    }
+
     /// The keys in group order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &[u8]> {
         (0..self.ends.len() as u32).map(|g| self.key(g))
@@ -107,6 +171,28 @@ impl Keys {
         self.bytes.capacity()
             + self.ends.capacity() * size_of::<u32>()
             + self.table.allocation_size()
+    }
+}
+
+/// Whether two keys are equal: most keys are a few columns of numbers, short
+/// enough to compare in two loads each, where a call to `memcmp` would cost
+/// more than the comparison.
+#[inline]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word =
+        |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap_or_default());
+    let wide =
+        |s: &[u8], at: usize| u128::from_ne_bytes(s[at..at + 16].try_into().unwrap_or_default());
+    match n {
+        // The first and the last eight (or sixteen) bytes, which overlap
+        // when the key is shorter than both.
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        17..=32 => wide(a, 0) == wide(b, 0) && wide(a, n - 16) == wide(b, n - 16),
+        _ => a == b,
     }
 }
 
@@ -153,5 +239,50 @@ mod tests {
         assert_eq!(keys.len(), 10_001);
         assert!(keys.iter().take(3).eq([&b"key-0"[..], b"key-1", b"key-2"]));
         assert_eq!(keys.find(hasher.hash(b"key-10000"), b"key-10000"), None);
+    }
+
+    #[test]
+    fn keys_of_every_length_compare_by_every_byte() {
+        for n in 0..40 {
+            let a: Vec<u8> = (0..n as u8).collect();
+            assert!(same(&a, &a.clone()), "{n}");
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] ^= 0x40;
+                assert!(!same(&a, &b), "{n} bytes, differing at {at}");
+            }
+            assert!(!same(&a, &a[..n.saturating_sub(1)]) || n == 0, "{n}");
+        }
+    }
+
+    #[test]
+    fn a_batch_s_keys_are_dropped_as_if_they_had_never_come() {
+        let hasher = KeyHasher::default();
+        let mut keys = Keys::default();
+        let words: Vec<String> = (0..1000).map(|i| format!("key-{i}")).collect();
+        for word in &words {
+            let hash = hasher.hash(word.as_bytes());
+            assert!(keys.find_or_push(&hasher, hash, word.as_bytes()).unwrap().1);
+        }
+        keys.truncate(&hasher, 400);
+        assert_eq!(keys.len(), 400);
+        assert_eq!(
+            keys.bytes_from(0),
+            words[..400].iter().map(String::len).sum::<usize>()
+        );
+        for (i, word) in words.iter().enumerate() {
+            let found = keys.find(hasher.hash(word.as_bytes()), word.as_bytes());
+            assert_eq!(found, (i < 400).then_some(i as u32), "{word}");
+        }
+        // Pushed again, they are numbered after the ones kept.
+        let hash = hasher.hash(b"key-999");
+        assert_eq!(
+            keys.find_or_push(&hasher, hash, b"key-999").unwrap(),
+            (400, true)
+        );
+        assert_eq!(
+            keys.find_or_push(&hasher, hash, b"key-999").unwrap(),
+            (400, false)
+        );
     }
 }
