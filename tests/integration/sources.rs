@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice_core::PartitionOffsets;
 use sluice_tests::kafka::{Out, create_topic, delete_topic, produce, produce_values, producer};
-use sluice_tests::process::{Lcg, run, stderr};
+use sluice_tests::process::{Lcg, Running, run, stderr};
 
 pub(crate) const ORDER_AVSC: &str = r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "order", "type": "long"},
@@ -280,6 +280,87 @@ async fn a_json_and_an_avro_topic_are_two_tables_of_one_query_with_a_plan_line_e
         want,
         "the moved source read again, the other not"
     );
+    delete_topic(&orders).await;
+    delete_topic(&payments).await;
+}
+
+#[tokio::test]
+async fn the_continuous_trigger_reads_both_sources_as_they_come_and_plans_a_line_each() {
+    let orders = sluice_tests::unique_name("corders");
+    let payments = sluice_tests::unique_name("cpayments");
+    create_topic(&orders, 2).await;
+    create_topic(&payments, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("order.avsc"), ORDER_AVSC).unwrap();
+    let checkpoint = format!("location = \"{}\"", dir.path().join("checkpoint").display());
+    let query = write_config(
+        dir.path(),
+        "query.toml",
+        &sources(dir.path(), &orders, &payments, false),
+        (
+            &checkpoint,
+            "continuous = \"300ms\"",
+            &format!("sql = \"{SQL}\""),
+        ),
+    );
+    let running = Running::spawn(&["run", "--config", query.to_str().unwrap()]);
+    // Records of both topics come while the query runs, in three rounds.
+    let p = producer();
+    let mut want = BTreeMap::new();
+    for round in 0..3_u64 {
+        let batch: Vec<Out> = (round * 10..round * 10 + 10)
+            .map(|i| {
+                Out::new(
+                    (i % 2) as i32,
+                    format!("k{i}"),
+                    format!(r#"{{"order":{i},"customer":"c{}"}}"#, i % 5),
+                )
+            })
+            .collect();
+        produce(&p, &orders, &batch).await;
+        let values: Vec<(i32, Option<Vec<u8>>)> = (100 + round * 4..104 + round * 4)
+            .map(|n| (0, Some(crate::sql::avro_order(12, n))))
+            .collect();
+        produce_values(&p, &payments, &values).await;
+        want.extend((round * 10..round * 10 + 10).map(|n| (("order".to_owned(), n), 1)));
+        want.extend((100 + round * 4..104 + round * 4).map(|n| (("payment".to_owned(), n), 1)));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while rows(dir.path()) != want && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            rows(dir.path()),
+            want,
+            "round {round}: every record so far, once"
+        );
+    }
+    running.signal("-TERM");
+    let output = running.wait();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Each epoch's plan has a line per source, and the last ends past every record.
+    let plans = dir.path().join("checkpoint").join("offsets");
+    let mut last = None;
+    for entry in std::fs::read_dir(&plans).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if let Ok(n) = name.parse::<u64>() {
+            let plan = std::fs::read_to_string(plans.join(&name)).unwrap();
+            assert_eq!(plan.lines().count(), 4, "{plan}");
+            last = last.max(Some(n));
+        }
+    }
+    let shown = run(&[
+        "offsets",
+        "show",
+        "--checkpoint",
+        dir.path().join("checkpoint").to_str().unwrap(),
+    ]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let lines = &shown["sources"]["endOffsets"];
+    assert_eq!(lines[0][&orders]["0"], 15, "after {last:?}: {shown}");
+    assert_eq!(lines[0][&orders]["1"], 15, "{shown}");
+    assert_eq!(lines[1][&payments]["0"], 12, "{shown}");
+    assert_eq!(rows(dir.path()), want, "nothing written twice by the stop");
     delete_topic(&orders).await;
     delete_topic(&payments).await;
 }
