@@ -99,6 +99,32 @@ path = "{out}"
     path
 }
 
+/// Writes the orders numbered `orders.1` as JSON over two partitions of
+/// `orders.0`, and the payments numbered `payments.1` as Avro (schema id 12)
+/// to `payments.0`.
+async fn produce_orders_and_payments(
+    p: &rdkafka::producer::FutureProducer,
+    orders: (&str, std::ops::Range<u64>),
+    payments: (&str, std::ops::Range<u64>),
+) {
+    let batch: Vec<Out> = orders
+        .1
+        .map(|i| {
+            Out::new(
+                (i % 2) as i32,
+                format!("k{i}"),
+                format!(r#"{{"order":{i},"customer":"c{}"}}"#, i % 5),
+            )
+        })
+        .collect();
+    produce(p, orders.0, &batch).await;
+    let values: Vec<(i32, Option<Vec<u8>>)> = payments
+        .1
+        .map(|n| (0, Some(crate::sql::avro_order(12, n))))
+        .collect();
+    produce_values(p, payments.0, &values).await;
+}
+
 /// Every row the query wrote, counted by (kind, order).
 fn rows(dir: &Path) -> BTreeMap<(String, u64), usize> {
     let mut rows = BTreeMap::new();
@@ -118,20 +144,7 @@ async fn a_json_and_an_avro_topic_are_two_tables_of_one_query_with_a_plan_line_e
     create_topic(&orders, 2).await;
     create_topic(&payments, 1).await;
     let p = producer();
-    let batch: Vec<Out> = (0..30_u64)
-        .map(|i| {
-            Out::new(
-                (i % 2) as i32,
-                format!("k{i}"),
-                format!(r#"{{"order":{i},"customer":"c{}"}}"#, i % 5),
-            )
-        })
-        .collect();
-    produce(&p, &orders, &batch).await;
-    let values: Vec<(i32, Option<Vec<u8>>)> = (100..112_u64)
-        .map(|n| (0, Some(crate::sql::avro_order(12, n))))
-        .collect();
-    produce_values(&p, &payments, &values).await;
+    produce_orders_and_payments(&p, (&orders, 0..30), (&payments, 100..112)).await;
 
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("order.avsc"), ORDER_AVSC).unwrap();
@@ -308,20 +321,12 @@ async fn the_continuous_trigger_reads_both_sources_as_they_come_and_plans_a_line
     let p = producer();
     let mut want = BTreeMap::new();
     for round in 0..3_u64 {
-        let batch: Vec<Out> = (round * 10..round * 10 + 10)
-            .map(|i| {
-                Out::new(
-                    (i % 2) as i32,
-                    format!("k{i}"),
-                    format!(r#"{{"order":{i},"customer":"c{}"}}"#, i % 5),
-                )
-            })
-            .collect();
-        produce(&p, &orders, &batch).await;
-        let values: Vec<(i32, Option<Vec<u8>>)> = (100 + round * 4..104 + round * 4)
-            .map(|n| (0, Some(crate::sql::avro_order(12, n))))
-            .collect();
-        produce_values(&p, &payments, &values).await;
+        let (order_numbers, payment_numbers) = (
+            round * 10..round * 10 + 10,
+            100 + round * 4..104 + round * 4,
+        );
+        produce_orders_and_payments(&p, (&orders, order_numbers), (&payments, payment_numbers))
+            .await;
         want.extend((round * 10..round * 10 + 10).map(|n| (("order".to_owned(), n), 1)));
         want.extend((100 + round * 4..104 + round * 4).map(|n| (("payment".to_owned(), n), 1)));
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
