@@ -80,6 +80,12 @@ fn json_values(c: &mut Criterion) {
     group.bench_function("decode_with_kafka_columns", |b| {
         b.iter(|| decoder.decode(black_box(&chunk)))
     });
+    // The same values through arrow's reader, one value at a time, as every
+    // value was read before the one-pass decoder.
+    let arrow_only = Decoder::new(Format::Json(declared.clone()), false).arrow_json_only();
+    group.bench_function("decode_with_kafka_columns_arrow_reader", |b| {
+        b.iter(|| arrow_only.decode(black_box(&chunk)))
+    });
     // A bad value is found by decoding halves again, down to it.
     let one_bad = orders_with_bad(&[500]);
     group.bench_function("decode_one_bad_value", |b| {
@@ -103,6 +109,43 @@ fn json_values(c: &mut Criterion) {
             }
             reader.flush()
         })
+    });
+    group.finish();
+}
+
+/// Events as the dedupe and lookup benchmarks of `cargo xtask bench` write
+/// them: a user, an ISO timestamp and an amount.
+fn json_events(c: &mut Criterion) {
+    let mut chunk = RecordChunk::default();
+    for n in 0..1_024_i64 {
+        let value = format!(
+            r#"{{"user":"u{:05}","ts":"2026-01-01T00:{:02}:{:02}.{:03}Z","amount":{}}}"#,
+            n * 7919 % 10_000,
+            n / 60 % 60,
+            n % 60,
+            n % 1000,
+            n * 37 % 1000
+        );
+        chunk.push_record(&Record {
+            topic: Arc::from("events"),
+            partition: (n % 8) as i32,
+            offset: Offset::new(n).unwrap_or(Offset::ZERO),
+            timestamp_ms: Some(1_700_000_000_000 + n),
+            timestamp_type: TimestampType::CreateTime,
+            key: None,
+            value: Some(value.into_bytes()),
+            headers: Vec::new(),
+        });
+    }
+    let declared =
+        parse_ddl("user STRING, ts TIMESTAMP, amount BIGINT").unwrap_or_else(|e| panic!("{e}"));
+    let one_pass = Decoder::new(Format::Json(declared.clone()), false);
+    let arrow_only = Decoder::new(Format::Json(declared), false).arrow_json_only();
+    let mut group = c.benchmark_group("json_events_1024");
+    group.bench_function("decode", |b| b.iter(|| one_pass.decode(black_box(&chunk))));
+    // Baseline: arrow's reader, one value at a time.
+    group.bench_function("baseline_arrow_reader", |b| {
+        b.iter(|| arrow_only.decode(black_box(&chunk)))
     });
     group.finish();
 }
@@ -139,5 +182,5 @@ fn query(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, records_as_arrow, json_values, query);
+criterion_group!(benches, records_as_arrow, json_values, json_events, query);
 criterion_main!(benches);

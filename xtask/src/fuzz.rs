@@ -14,6 +14,7 @@ pub const TARGETS: &[&str] = &[
     "spark_offsets",
     "config_toml",
     "state_file",
+    "json_values",
 ];
 
 /// Options of `cargo xtask fuzz`.

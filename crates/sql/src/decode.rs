@@ -2,8 +2,9 @@
 //!
 //! With `format = "raw"` the table has Spark's Kafka columns ([`crate::columns`]).
 //! With `json`, `csv` or `avro` it has the declared columns, decoded from each
-//! value by arrow's readers, followed by the Kafka columns other than `value` and
-//! other than any the schema declares itself. A value that does not decode to
+//! value by arrow's readers (most JSON values by [`crate::flat_json`]'s one pass,
+//! which makes the same rows), followed by the Kafka columns other than `value`
+//! and other than any the schema declares itself. A value that does not decode to
 //! exactly one row is a bad record, returned with the decoder's reason; the
 //! others still make their rows. A null value (a tombstone) is a row of nulls, as
 //! Spark's `from_json` and `from_avro` make of it, unless a column is `NOT NULL`.
@@ -20,6 +21,7 @@ use sluice_core::RecordChunk;
 
 use crate::SqlError;
 use crate::columns::KafkaColumns;
+use crate::flat_json::FlatJson;
 
 /// How record values are read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,6 +184,8 @@ pub struct Decoder {
     kafka: KafkaColumns,
     kafka_schema: SchemaRef,
     schema: SchemaRef,
+    /// The one-pass decoder for JSON values, when the schema is one it reads.
+    flat: Option<FlatJson>,
 }
 
 impl Decoder {
@@ -210,12 +214,25 @@ impl Decoder {
                 (kafka, Arc::new(Schema::new(fields)))
             }
         };
+        let flat = match &format {
+            Format::Json(schema) => FlatJson::new(schema),
+            _ => None,
+        };
         Decoder {
+            flat,
             format,
             kafka_schema: Arc::new(Schema::new(kafka.fields())),
             kafka,
             schema,
         }
+    }
+
+    /// The same decoder reading JSON values with arrow's reader alone, without
+    /// the one-pass decoder that otherwise reads most of them. Its results are
+    /// the same; the tests and the `json_values` fuzz target compare the two.
+    pub fn arrow_json_only(mut self) -> Decoder {
+        self.flat = None;
+        self
     }
 
     /// The source table's schema.
@@ -269,7 +286,7 @@ impl Decoder {
             .collect();
         let mut parts = Vec::new();
         let mut bad = Vec::new();
-        self.bisect(declared, chunk, &with_value, &mut parts, &mut bad);
+        self.decode_indices(declared, chunk, &with_value, &mut parts, &mut bad);
         let tombstones = with_value.len() < chunk.len();
         let not_null = declared.fields().iter().find(|f| !f.is_nullable());
         if tombstones && let Some(field) = not_null {
@@ -312,6 +329,43 @@ impl Decoder {
         let rows =
             take_record_batch(&values, &layout).map_err(|e| SqlError::Internal(e.to_string()))?;
         Ok((rows, bad))
+    }
+
+    /// Decodes the values of the records at `indices`: JSON values in one pass
+    /// where the one-pass decoder reads them, each value it declines by arrow's
+    /// reader alone, and, after a few declined in a chunk (values it never
+    /// reads, such as numbers in strings), the rest by arrow's reader.
+    fn decode_indices(
+        &self,
+        declared: &SchemaRef,
+        chunk: &RecordChunk,
+        indices: &[usize],
+        parts: &mut Vec<RecordBatch>,
+        bad: &mut Vec<BadRecord>,
+    ) {
+        const DECLINED_BEFORE_ARROW: usize = 8;
+        let mut rest = indices;
+        if let Some(flat) = &self.flat {
+            let value = |index: &usize| {
+                chunk
+                    .get(*index)
+                    .and_then(|r| r.value())
+                    .unwrap_or_default()
+            };
+            for _ in 0..DECLINED_BEFORE_ARROW {
+                if rest.is_empty() {
+                    return;
+                }
+                let (rows, read) = flat.decode(rest.iter().map(value));
+                parts.extend(rows);
+                if read == rest.len() {
+                    return;
+                }
+                self.bisect(declared, chunk, &rest[read..=read], parts, bad);
+                rest = &rest[read + 1..];
+            }
+        }
+        self.bisect(declared, chunk, rest, parts, bad);
     }
 
     /// Decodes the values of the records at `indices` through one decoder, or,
@@ -402,6 +456,8 @@ impl<'f> RowDecoder<'f> {
         match self {
             RowDecoder::Json(decoder) => {
                 let before = decoder.len();
+                let fixed = astral_pairs_unescaped(value);
+                let value = fixed.as_deref().unwrap_or(value);
                 feed(value, |bytes| decoder.decode(bytes)).map_err(|e| e.to_string())?;
                 // The line's end closes a value cut short, so that it counts.
                 feed(b"\n", |bytes| decoder.decode(bytes)).map_err(|e| e.to_string())?;
@@ -457,6 +513,56 @@ impl<'f> RowDecoder<'f> {
         };
         Ok(batch.unwrap_or_else(|| RecordBatch::new_empty(declared.clone())))
     }
+}
+
+/// `value` with each escaped surrogate pair of a character from U+20000 up
+/// written as the character's UTF-8 instead, or `None` when it has none.
+///
+/// arrow's JSON reader (59) joins a pair's halves with a bitwise or where an
+/// addition belongs, so that `\ud84d\ude00` (U+23600) becomes U+13600; the
+/// characters below U+20000, emoji among them, come out right. The UTF-8 form
+/// is the same JSON string, and arrow reads it as it is; the one-pass decoder
+/// ([`crate::flat_json`]) decodes pairs itself.
+fn astral_pairs_unescaped(value: &[u8]) -> Option<Vec<u8>> {
+    let hex = |at: usize| -> Option<u16> {
+        let digits = std::str::from_utf8(value.get(at..at + 4)?).ok()?;
+        u16::from_str_radix(digits, 16).ok()
+    };
+    // The pair starting at `at` (a backslash), when it is one arrow misreads.
+    let pair = |at: usize| -> Option<char> {
+        if value.get(at + 1) != Some(&b'u') || value.get(at + 6..at + 8) != Some(b"\\u") {
+            return None;
+        }
+        let (high, low) = (hex(at + 2)?, hex(at + 8)?);
+        if !(0xD840..=0xDBFF).contains(&high) || !(0xDC00..=0xDFFF).contains(&low) {
+            return None;
+        }
+        char::from_u32(0x1_0000 + (u32::from(high - 0xD800) << 10) + u32::from(low - 0xDC00))
+    };
+    let mut fixed: Option<Vec<u8>> = None;
+    let mut copied = 0;
+    let mut at = 0;
+    while let Some(found) = value[at..].iter().position(|b| *b == b'\\') {
+        at += found;
+        match pair(at) {
+            Some(c) => {
+                let out = fixed.get_or_insert_with(|| Vec::with_capacity(value.len()));
+                out.extend_from_slice(&value[copied..at]);
+                let mut buf = [0; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                at += 12;
+                copied = at;
+            }
+            // Any other escape, `\\` included, is two bytes.
+            None => at += 2,
+        }
+        if at >= value.len() {
+            break;
+        }
+    }
+    let mut out = fixed?;
+    out.extend_from_slice(&value[copied.min(value.len())..]);
+    Some(out)
 }
 
 /// Feeds all of `bytes` to a push decoder that may take them in parts.

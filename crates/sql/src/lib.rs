@@ -16,6 +16,7 @@ mod ddl;
 pub mod decode;
 mod dedupe;
 mod error;
+mod flat_json;
 mod lookup;
 mod options;
 mod processor;
