@@ -2,7 +2,7 @@
 //!
 //! With `format = "raw"` the table has Spark's Kafka columns ([`crate::columns`]).
 //! With `json`, `csv` or `avro` it has the declared columns, decoded from each
-//! value by arrow's readers (most JSON values by [`crate::flat_json`]'s one pass,
+//! value by arrow's readers (most JSON values by a one-pass decoder of our own,
 //! which makes the same rows), followed by the Kafka columns other than `value`
 //! and other than any the schema declares itself. A value that does not decode to
 //! exactly one row is a bad record, returned with the decoder's reason; the
