@@ -111,6 +111,7 @@ fn executor_knows_only_the_traits() {
         "sluice-sql",
         "sluice-state",
         "sluice-tables",
+        "sluice-lake",
         "sluice-runner",
         "rdkafka",
         "scylla",
@@ -130,6 +131,7 @@ fn implementations_depend_only_on_the_model_among_our_crates() {
         "sluice-kafka",
         "sluice-checkpoint-fs",
         "sluice-cassandra-store",
+        "sluice-lake",
     ] {
         for dep in dependencies(&manifest_of(name)) {
             assert!(
@@ -368,7 +370,13 @@ fn the_edges_make_one_attempt_per_call_and_leave_retries_to_the_executor() {
     // A client that retries inside the executor's retry multiplies the waits:
     // the source's own retries once made an unreachable cluster take 23
     // minutes to give up. A wait in an edge crate is backpressure, said so.
-    for krate in ["kafka", "checkpoint-fs", "cassandra-store", "tables"] {
+    for krate in [
+        "kafka",
+        "checkpoint-fs",
+        "cassandra-store",
+        "tables",
+        "lake",
+    ] {
         for file in rust_files(&root().join("crates").join(krate).join("src")) {
             let text = fs::read_to_string(&file).expect("readable source");
             let lines: Vec<&str> = text.lines().collect();
