@@ -8,6 +8,7 @@ mod exactly_once;
 mod group;
 mod kafka_smoke;
 mod kafka_source;
+mod lake;
 mod lookup;
 mod memory_budget;
 mod runner;

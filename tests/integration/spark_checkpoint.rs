@@ -313,3 +313,72 @@ async fn spark_reads_a_checkpoint_of_two_sources_that_sluice_wrote() {
         assert!(lines.contains(&line.to_owned()), "{line}: {lines:#?}");
     }
 }
+
+#[tokio::test]
+#[ignore = "needs Spark's jars: run `cargo xtask spark-compat`"]
+async fn spark_reads_a_parquet_table_through_the_file_sink_log_sluice_wrote() {
+    use sluice_core::{Sink, Writes};
+    use sluice_lake::{ParquetOptions, ParquetSink};
+
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    let mut options = ParquetOptions::new(&table, "query-1");
+    options.partition_by = vec!["day".to_owned()];
+    let mut sink = ParquetSink::open(options).unwrap();
+    let schema = std::sync::Arc::new(arrow_schema());
+    // Twelve batches: the log compacts at batch 9.
+    for batch in 0..12_i64 {
+        let ids = datafusion::arrow::array::Int64Array::from(vec![batch * 2, batch * 2 + 1]);
+        let days = datafusion::arrow::array::StringArray::from(vec!["2026-12-07", "a/b:c"]);
+        let rows = datafusion::arrow::array::RecordBatch::try_new(
+            schema.clone(),
+            vec![std::sync::Arc::new(ids), std::sync::Arc::new(days)],
+        )
+        .unwrap();
+        sink.begin_batch(BatchId(batch as u64), &[]).await.unwrap();
+        sink.write(&rows).await.unwrap();
+        sink.finish_batch(BatchId(batch as u64)).await.unwrap();
+    }
+    // A file a crash left unlisted: Spark must not read it.
+    let listed = table
+        .join("day=2026-12-07")
+        .join("part-00000-00000.zstd.parquet");
+    let stray = table
+        .join("day=2026-12-07")
+        .join("part-00099-00000.zstd.parquet");
+    std::fs::copy(&listed, &stray).unwrap();
+
+    let lines = spark(&["table", table.to_str().unwrap()]);
+    let files: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.starts_with("SPARK file "))
+        .collect();
+    assert_eq!(files.len(), 24, "{lines:?}");
+    assert!(!files.iter().any(|f| f.contains("part-00099")), "{files:?}");
+    assert!(
+        std::path::Path::new(&table)
+            .join("_spark_metadata/9.compact")
+            .exists()
+    );
+    let mut rows: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("SPARK row "))
+        .map(|r| serde_json::from_str(r).unwrap())
+        .collect();
+    rows.sort_by_key(|r| r["id"].as_i64());
+    let want: Vec<serde_json::Value> = (0..24)
+        .map(|id| {
+            let day = if id % 2 == 0 { "2026-12-07" } else { "a/b:c" };
+            serde_json::json!({"id": id, "day": day})
+        })
+        .collect();
+    assert_eq!(rows, want);
+}
+
+fn arrow_schema() -> datafusion::arrow::datatypes::Schema {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("day", DataType::Utf8, false),
+    ])
+}

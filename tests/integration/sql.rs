@@ -27,30 +27,36 @@ fn order(n: u64) -> String {
     )
 }
 
-const SCHEMA: &str = "order BIGINT, customer STRING, amount BIGINT";
-const SQL: &str = "SELECT order, upper(customer) AS customer, amount * 2 AS doubled, \
+pub(crate) const SCHEMA: &str = "order BIGINT, customer STRING, amount BIGINT";
+pub(crate) const SQL: &str = "SELECT order, upper(customer) AS customer, amount * 2 AS doubled, \
                    CASE WHEN amount > 900 THEN 'big' ELSE 'small' END AS size, partition \
                    FROM orders WHERE amount > 500 AND customer <> 'c3'";
 
 /// A query's folder: its config, checkpoint, output and progress.
-struct Job {
+pub(crate) struct Job {
     dir: tempfile::TempDir,
 }
 
 impl Job {
-    fn new() -> Job {
+    pub(crate) fn new() -> Job {
         Job {
             dir: tempfile::tempdir().unwrap(),
         }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
     /// Writes a config reading `topic` with `source_extra` under `[source]`,
     /// and `rest` (`[sink]`, `[query]`, ...) after the checkpoint.
-    fn config(&self, topic: &str, source_extra: &str, trigger: &str, rest: &str) -> PathBuf {
+    pub(crate) fn config(
+        &self,
+        topic: &str,
+        source_extra: &str,
+        trigger: &str,
+        rest: &str,
+    ) -> PathBuf {
         let text = format!(
             r#"
 [source]
@@ -95,7 +101,7 @@ file = "{progress}"
             .sum()
     }
 
-    fn progress(&self) -> Vec<Value> {
+    pub(crate) fn progress(&self) -> Vec<Value> {
         std::fs::read_to_string(self.path("progress.jsonl"))
             .unwrap_or_default()
             .lines()
@@ -122,14 +128,14 @@ pub(crate) fn lines(dir: &Path) -> Vec<Value> {
 }
 
 /// Rows as JSON values, sorted, to compare as multisets.
-fn sorted(mut rows: Vec<Value>) -> Vec<Value> {
+pub(crate) fn sorted(mut rows: Vec<Value>) -> Vec<Value> {
     rows.sort_by_key(|v| v.to_string());
     rows
 }
 
 /// The oracle: the same SQL run by DataFusion once over all the records, decoded
 /// by DataFusion's own JSON reader, with the Kafka column the query uses.
-async fn oracle(records: &[(i32, String)]) -> Vec<Value> {
+pub(crate) async fn oracle(records: &[(i32, String)]) -> Vec<Value> {
     let mut text = String::new();
     for (partition, value) in records {
         let mut object: serde_json::Map<String, Value> = serde_json::from_str(value).unwrap();
@@ -184,7 +190,7 @@ async fn oracle(records: &[(i32, String)]) -> Vec<Value> {
 
 /// Keeps producing orders over `partitions` partitions until told to stop;
 /// returns every (partition, value) produced.
-fn keep_producing(
+pub(crate) fn keep_producing(
     topic: String,
     partitions: i32,
     stop: Arc<AtomicBool>,

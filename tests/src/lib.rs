@@ -8,6 +8,7 @@
 pub mod kafka;
 pub mod mount;
 pub mod process;
+pub mod readers;
 pub mod secure;
 
 /// Environment variable naming the Kafka bootstrap servers to test against.

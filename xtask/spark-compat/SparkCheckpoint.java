@@ -16,6 +16,11 @@
 //       SPARK initial <topic>-<p>=<offset> ... [| ...]
 //       SPARK offsets batch=<b> watermark=<ms> timestamp=<ms> shuffle=<conf value> <topic>-<p>=<offset> ... [| ...]
 //       SPARK commit batch=<b> nextBatchWatermarkMs=<ms>
+//   SparkCheckpoint table <dir>
+//       reads the table at <dir> as Spark reads a file sink's output (through
+//       its _spark_metadata log) and prints each file it read and each row:
+//       SPARK file <uri>
+//       SPARK row <row as JSON>
 
 import java.util.ArrayList;
 import java.util.List;
@@ -50,6 +55,18 @@ public class SparkCheckpoint {
             .getOrCreate();
         spark.sparkContext().setLogLevel("WARN");
         String dir = args[1];
+        if (args[0].equals("table")) {
+            org.apache.spark.sql.Dataset<org.apache.spark.sql.Row> table = spark.read().parquet(dir);
+            for (String file : table.inputFiles()) {
+                System.out.println("SPARK file " + file);
+            }
+            for (String row : table.toJSON().collectAsList()) {
+                System.out.println("SPARK row " + row);
+            }
+            System.out.flush();
+            spark.stop();
+            return;
+        }
         // The third argument keeps Spark's own default (the Scala default
         // parameter, which Java has to ask for by name).
         OffsetSeqLog offsets = new OffsetSeqLog(spark, dir + "/offsets", OffsetSeqLog.$lessinit$greater$default$3());

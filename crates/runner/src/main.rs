@@ -16,6 +16,7 @@ mod dead;
 mod exit;
 mod failpoint;
 mod group;
+mod kafka_rows;
 mod logging;
 mod offsets_cmd;
 mod offsets_group;
@@ -448,6 +449,7 @@ impl Parts {
         KafkaSink: Writes<P::Output>,
         CassandraSink: Writes<P::Output>,
         JsonlSink: Writes<P::Output>,
+        kafka_rows::KafkaRows<sluice_lake::ParquetSink>: Writes<P::Output>,
     {
         match self.settings.sink.clone() {
             SinkKind::Discard => {
@@ -484,6 +486,36 @@ impl Parts {
                 let sink =
                     jsonl(&path, self.generation.as_ref()).map_err(|e| Exit::runtime(e.into()))?;
                 let description = format!("jsonl[{}]", path.display());
+                self.run(store, processor, sink, dead, description).await
+            }
+            SinkKind::Parquet(config) => {
+                if self.generation.is_some() {
+                    return Err(Exit::config(anyhow::anyhow!(
+                        "sink.type = \"parquet\" in group mode: Spark's file-sink log numbers \
+                         one query's batches, and each generation numbers its own from 0; run \
+                         one process, or write jsonl files"
+                    )));
+                }
+                let include_headers = self
+                    .settings
+                    .sources
+                    .first()
+                    .is_some_and(|s| s.source.kafka.include_headers);
+                let sink = sluice_lake::ParquetSink::open(config.options(&self.query_id)).map_err(
+                    |e| match e {
+                        sluice_lake::LakeError::Foreign { .. } => Exit::config(e.into()),
+                        other => Exit::runtime(other.into()),
+                    },
+                )?;
+                let schema = match &rows {
+                    Some(schema) => schema.as_ref().clone(),
+                    None => sluice_sql::arrow::datatypes::Schema::new(
+                        sluice_sql::columns::KafkaColumns::spark(include_headers).fields(),
+                    ),
+                };
+                sink.check(&schema).map_err(|e| Exit::config(e.into()))?;
+                let description = format!("parquet[{}]", sink.path().display());
+                let sink = kafka_rows::KafkaRows::new(sink, include_headers);
                 self.run(store, processor, sink, dead, description).await
             }
         }

@@ -48,6 +48,15 @@ pub struct SinkSection {
     /// A `cassandra` sink's authentication and TLS.
     #[serde(flatten)]
     pub auth: CassandraAuth,
+    /// A `parquet` sink's partition columns, Hive-style directories in order.
+    #[serde(default)]
+    pub partition_by: Vec<String>,
+    /// A `parquet` sink's codec: "zstd" (default), "snappy" or "none".
+    pub compression: Option<String>,
+    /// The most rows of a `parquet` sink's row group (1,048,576 by default).
+    pub row_group_rows: Option<usize>,
+    /// The size in MiB at which a `parquet` sink begins its next file (128).
+    pub file_size_mb: Option<u64>,
 }
 
 /// The built-in sinks.
@@ -64,6 +73,29 @@ pub enum SinkKind {
     },
     Kafka(sluice_kafka::KafkaSinkConfig),
     Cassandra(sluice_cassandra_store::CassandraSinkConfig),
+    Parquet(ParquetSinkConfig),
+}
+
+/// A `parquet` sink's options; the query's id completes them at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParquetSinkConfig {
+    pub path: PathBuf,
+    pub partition_by: Vec<String>,
+    pub compression: sluice_lake::Compression,
+    pub row_group_rows: usize,
+    pub file_bytes: u64,
+}
+
+impl ParquetSinkConfig {
+    /// The sink's options for query `query_id`.
+    pub fn options(&self, query_id: &str) -> sluice_lake::ParquetOptions {
+        let mut options = sluice_lake::ParquetOptions::new(&self.path, query_id);
+        options.partition_by = self.partition_by.clone();
+        options.compression = self.compression;
+        options.row_group_rows = self.row_group_rows;
+        options.file_bytes = self.file_bytes;
+        options
+    }
 }
 
 /// Refuses an option of another sink type than the one configured, which
@@ -85,14 +117,27 @@ fn check_sink_options(sink: &SinkSection) -> Result<()> {
         ("password", sink.auth.password.is_some()),
         ("password_env", sink.auth.password_env.is_some()),
         ("tls_ca_file", sink.auth.tls_ca_file.is_some()),
+        ("partition_by", !sink.partition_by.is_empty()),
+        ("compression", sink.compression.is_some()),
+        ("row_group_rows", sink.row_group_rows.is_some()),
+        ("file_size_mb", sink.file_size_mb.is_some()),
     ];
     let owner = |key: &str| match key {
+        "path" if sink.kind == "parquet" => "parquet",
         "path" => "jsonl",
+        "partition_by" | "compression" | "row_group_rows" | "file_size_mb" => "parquet",
         "format" | "num_rows" | "truncate" => "console",
         "topic" | "bootstrap_servers" | "kafka" => "kafka",
         _ => "cassandra",
     };
-    let known = ["console", "discard", "jsonl", "kafka", "cassandra"];
+    let known = [
+        "console",
+        "discard",
+        "jsonl",
+        "kafka",
+        "cassandra",
+        "parquet",
+    ];
     if !known.contains(&sink.kind.as_str()) {
         return Ok(());
     }
@@ -137,10 +182,47 @@ pub(super) fn sink(
         }),
         "kafka" => kafka_sink(section, kafka, trigger),
         "cassandra" => cassandra(section, processing),
+        "parquet" => parquet(section, trigger),
         other => bail!(
-            "sink.type must be \"jsonl\", \"cassandra\", \"kafka\", \"console\" or \"discard\", not {other:?}"
+            "sink.type must be \"jsonl\", \"parquet\", \"cassandra\", \"kafka\", \"console\" or \"discard\", not {other:?}"
         ),
     }
+}
+
+fn parquet(section: SinkSection, trigger: Trigger) -> Result<SinkKind> {
+    if matches!(trigger, Trigger::Continuous(_)) {
+        bail!(
+            "sink.type = \"parquet\" with trigger.continuous: a batch's files are listed when \
+             it ends, so an epoch's rows would wait for its end; use processing_time"
+        );
+    }
+    let compression = match section.compression.as_deref() {
+        None | Some("zstd") => sluice_lake::Compression::Zstd,
+        Some("snappy") => sluice_lake::Compression::Snappy,
+        Some("none") => sluice_lake::Compression::None,
+        Some(other) => {
+            bail!("sink.compression must be \"zstd\", \"snappy\" or \"none\", not {other:?}")
+        }
+    };
+    if section.row_group_rows == Some(0) {
+        bail!("sink.row_group_rows must be at least 1");
+    }
+    if section.file_size_mb == Some(0) {
+        bail!("sink.file_size_mb must be at least 1");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = section.partition_by.iter().find(|c| !seen.insert(*c)) {
+        bail!("sink.partition_by names `{twice}` twice");
+    }
+    Ok(SinkKind::Parquet(ParquetSinkConfig {
+        path: section
+            .path
+            .context("a parquet sink needs sink.path, the directory of the table")?,
+        partition_by: section.partition_by,
+        compression,
+        row_group_rows: section.row_group_rows.unwrap_or(1024 * 1024),
+        file_bytes: section.file_size_mb.unwrap_or(128) * 1024 * 1024,
+    }))
 }
 
 fn console(section: &SinkSection) -> Result<SinkKind> {

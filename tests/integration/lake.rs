@@ -1,0 +1,238 @@
+//! Streams landed in tables, read back by the readers our users have: a JSON
+//! topic filtered by SQL into a partitioned Parquet table exactly once through
+//! SIGKILLs, read by pyarrow through Spark's file-sink log and by DuckDB over
+//! the directory; the records of a query without SQL as Spark's Kafka columns;
+//! and the directories and options a Parquet sink refuses.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::Value;
+use sluice_tests::kafka::{create_topic, delete_topic, produce_values, producer};
+use sluice_tests::process::{Lcg, run, stderr};
+use sluice_tests::readers::run_python;
+
+use crate::sql::{Job, SCHEMA, SQL, keep_producing, oracle, sorted};
+
+/// Reads the table at argv[1] as Spark does: the files its file-sink log
+/// lists (the last compact file and the batches after it), each file's rows
+/// with the values of the partition directories it lies in. Prints a JSON
+/// object per row.
+const PYARROW_THROUGH_THE_LOG: &str = r#"
+import json, os, sys, urllib.parse
+import pyarrow.parquet as pq
+table = sys.argv[1]
+log = os.path.join(table, "_spark_metadata")
+ids = sorted(int(n.split(".")[0]) for n in os.listdir(log) if n.split(".")[0].isdigit())
+compacts = [i for i in ids if os.path.exists(os.path.join(log, f"{i}.compact"))]
+start = compacts[-1] if compacts else None
+entries = []
+for i in ids:
+    if start is not None and i < start:
+        continue
+    name = f"{i}.compact" if i == start else str(i)
+    lines = open(os.path.join(log, name)).read().split("\n")
+    assert lines[0] == "v1", lines[0]
+    entries += [json.loads(l) for l in lines[1:] if l]
+for entry in entries:
+    assert entry["action"] == "add" and entry["path"].startswith("file://")
+    path = urllib.parse.unquote(entry["path"][len("file://"):])
+    assert os.path.getsize(path) == entry["size"]
+    parts = {}
+    for segment in os.path.relpath(os.path.dirname(path), table).split(os.sep):
+        if "=" in segment:
+            key, value = segment.split("=", 1)
+            value = urllib.parse.unquote(value)
+            parts[key] = None if value == "__HIVE_DEFAULT_PARTITION__" else value
+    for row in pq.ParquetFile(path).read().to_pylist():
+        assert not set(row) & set(parts), "a partition column is in the file"
+        row.update(parts)
+        print(json.dumps(row, default=str))
+"#;
+
+/// Reads every Parquet file under argv[1] with DuckDB, Hive partitions as
+/// columns. Prints a JSON object per row.
+const DUCKDB_OVER_THE_DIRECTORY: &str = r#"
+import json, sys, duckdb
+table = sys.argv[1]
+rows = duckdb.sql(f"SELECT * FROM read_parquet('{table}/**/*.parquet', hive_partitioning = true)")
+names = rows.columns
+for row in rows.fetchall():
+    print(json.dumps(dict(zip(names, row)), default=str))
+"#;
+
+fn rows(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_json_topic_lands_in_a_partitioned_parquet_table_exactly_once_through_sigkills() {
+    let topic = sluice_tests::unique_name("parquetcrash");
+    create_topic(&topic, 3).await;
+    let job = Job::new();
+    let table = job.path("table");
+    let rest = format!(
+        "[sink]\ntype = \"parquet\"\npath = \"{}\"\npartition_by = [\"size\"]\n\
+         compression = \"snappy\"\n\n[query]\nsql = \"{SQL}\"\n",
+        table.display()
+    );
+    let source = format!("table = \"orders\"\nformat = \"json\"\nschema = \"{SCHEMA}\"");
+    let streaming = job.config(&topic, &source, "processing_time = \"0s\"", &rest);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer_task = keep_producing(topic.clone(), 3, stop.clone());
+    let mut random = Lcg::from_clock("parquet crash test");
+    let progress = job.path("progress.jsonl");
+    let before = sluice_tests::process::committed_batches(&progress);
+    sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
+    sluice_tests::process::assert_committed_since(&progress, before, "10 killed runs");
+    stop.store(true, Ordering::Relaxed);
+    let produced = producer_task.await.unwrap();
+
+    let catch_up = job.config(&topic, &source, "available_now = true", &rest);
+    let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let want = sorted(oracle(&produced).await);
+    let table = table.to_str().unwrap();
+    let through_log = sorted(rows(&run_python(PYARROW_THROUGH_THE_LOG, &[table])));
+    let by_duckdb = sorted(rows(&run_python(DUCKDB_OVER_THE_DIRECTORY, &[table])));
+    println!(
+        "{} orders produced, {} rows through the log, {} by DuckDB, {} batches",
+        produced.len(),
+        through_log.len(),
+        by_duckdb.len(),
+        job.progress().len()
+    );
+    assert!(!want.is_empty());
+    assert_eq!(through_log.len(), want.len(), "no row lost or duplicated");
+    assert_eq!(
+        through_log, want,
+        "pyarrow, through Spark's log, reads the oracle's rows"
+    );
+    // Once caught up, the directory holds exactly the listed files: a replay
+    // wrote the files of a batch cut short under the same names.
+    assert_eq!(
+        by_duckdb, want,
+        "DuckDB, over the directory, reads the oracle's rows"
+    );
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn records_without_a_query_land_as_sparks_kafka_columns() {
+    let topic = sluice_tests::unique_name("parquetraw");
+    create_topic(&topic, 2).await;
+    let values: Vec<(i32, Option<Vec<u8>>)> = (0..50)
+        .map(|n| (n % 2, Some(format!("v{n}").into_bytes())))
+        .collect();
+    produce_values(&producer(), &topic, &values).await;
+    let job = Job::new();
+    let table = job.path("table");
+    let rest = format!(
+        "[sink]\ntype = \"parquet\"\npath = \"{}\"\npartition_by = [\"partition\"]\n",
+        table.display()
+    );
+    let config = job.config(&topic, "", "available_now = true", &rest);
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let got = rows(&run_python(
+        PYARROW_THROUGH_THE_LOG,
+        &[table.to_str().unwrap()],
+    ));
+    assert_eq!(got.len(), 50);
+    let mut names: Vec<&str> = got[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "key",
+            "offset",
+            "partition",
+            "timestamp",
+            "timestampType",
+            "topic",
+            "value"
+        ]
+    );
+    for row in &got {
+        assert_eq!(row["topic"], Value::from(topic.as_str()));
+        let n: i64 = row["offset"].as_i64().unwrap();
+        let partition: i64 = row["partition"].as_str().unwrap().parse().unwrap();
+        assert!(n < 25 && (0..2).contains(&partition));
+    }
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_parquet_sink_refuses_another_querys_table_and_bad_options_with_exit_2() {
+    let topic = sluice_tests::unique_name("parquetbad");
+    create_topic(&topic, 1).await;
+    produce_values(&producer(), &topic, &[(0, Some(b"v".to_vec()))]).await;
+    let first = Job::new();
+    let table = first.path("table");
+    let sink = |table: &Path, extra: &str| {
+        format!(
+            "[sink]\ntype = \"parquet\"\npath = \"{}\"\n{extra}\n",
+            table.display()
+        )
+    };
+    let config = first.config(&topic, "", "available_now = true", &sink(&table, ""));
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let listed = std::fs::read_dir(table.join("_spark_metadata"))
+        .unwrap()
+        .count();
+
+    // Another query (another checkpoint) into the same directory.
+    let second = Job::new();
+    let config = second.config(&topic, "", "available_now = true", &sink(&table, ""));
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let said = stderr(&output);
+    assert!(
+        said.contains("holds the output of another writer"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_dir(table.join("_spark_metadata"))
+            .unwrap()
+            .count(),
+        listed,
+        "nothing written"
+    );
+
+    for (extra, expected) in [
+        ("partition_by = [\"nope\"]", "partition column `nope`"),
+        ("compression = \"brotli\"", "sink.compression must be"),
+        ("file_size_mb = 0", "sink.file_size_mb must be at least 1"),
+        (
+            "format = \"json\"",
+            "sink.format is an option of the console sink",
+        ),
+    ] {
+        let job = Job::new();
+        let own = job.path("table");
+        let config = job.config(&topic, "", "available_now = true", &sink(&own, extra));
+        let output = run(&["run", "--config", config.to_str().unwrap()]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{extra}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(expected),
+            "{extra}: {}",
+            stderr(&output)
+        );
+    }
+    delete_topic(&topic).await;
+}
