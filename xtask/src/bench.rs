@@ -68,13 +68,23 @@ enum Store {
 struct Configuration {
     name: String,
     store: Store,
-    jsonl: bool,
+    sink: Output,
     max_offsets: Option<u64>,
     /// `[source]` lines and a `[query]`, for the SQL configurations.
     sql: Option<(&'static str, &'static str)>,
     /// For Kafka to Kafka: the `kafka` sink's `delivery`, to a topic of the
     /// run's own.
     kafka: Option<&'static str>,
+}
+
+/// Where a configuration's output goes, besides Kafka.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Discard,
+    /// A JSON-lines file per batch.
+    Jsonl,
+    /// A Parquet table under Spark's file-sink log.
+    Parquet,
 }
 
 /// The values' columns: `bench_tool fill` writes every value as such a JSON
@@ -126,17 +136,17 @@ const WINDOWED_QUERY: &str = "SELECT window.start AS start, order % 10000 AS key
 
 fn configurations() -> Vec<Configuration> {
     let mut all = Vec::new();
-    for (store, jsonl, label) in [
-        (Store::Directory, false, "filesystem, discard"),
-        (Store::Cassandra, false, "cassandra, discard"),
-        (Store::Directory, true, "filesystem, jsonl"),
+    for (store, sink, label) in [
+        (Store::Directory, Output::Discard, "filesystem, discard"),
+        (Store::Cassandra, Output::Discard, "cassandra, discard"),
+        (Store::Directory, Output::Jsonl, "filesystem, jsonl"),
     ] {
         for max in [None, Some(100_000), Some(10_000)] {
             let size = max.map_or("default".to_owned(), |m| format!("{}k/trigger", m / 1000));
             all.push(Configuration {
                 name: format!("{label}, {size}"),
                 store,
-                jsonl,
+                sink,
                 max_offsets: max,
                 sql: None,
                 kafka: None,
@@ -150,7 +160,7 @@ fn configurations() -> Vec<Configuration> {
             all.push(Configuration {
                 name: format!("kafka to kafka, {delivery}, {size}"),
                 store: Store::Directory,
-                jsonl: false,
+                sink: Output::Discard,
                 max_offsets: max,
                 sql: None,
                 kafka: Some(delivery),
@@ -159,31 +169,38 @@ fn configurations() -> Vec<Configuration> {
     }
     // SQL over the JSON values: Arrow and DataFusion with nothing decoded, then
     // decoding, filtering and projecting into each sink.
-    for (name, jsonl, source, query, max_offsets) in [
+    for (name, sink, source, query, max_offsets) in [
         (
             "sql, SELECT * over raw, discard",
-            false,
+            Output::Discard,
             "",
             "SELECT * FROM source",
             None,
         ),
         (
             "sql, json + filter + projection, discard",
-            false,
+            Output::Discard,
             "json",
             ORDER_QUERY,
             None,
         ),
         (
             "sql, json + filter + projection, jsonl",
-            true,
+            Output::Jsonl,
+            "json",
+            ORDER_QUERY,
+            None,
+        ),
+        (
+            "sql, json + filter + projection, parquet",
+            Output::Parquet,
             "json",
             ORDER_QUERY,
             None,
         ),
         (
             "sql, json + windowed count and sum over 10k keys, discard",
-            false,
+            Output::Discard,
             "json+watermark",
             WINDOWED_QUERY,
             // Many batches, so that state moves from batch to batch.
@@ -191,7 +208,7 @@ fn configurations() -> Vec<Configuration> {
         ),
         (
             "sql, json + keyed dedupe (DISTINCT ON), 10% duplicates, discard",
-            false,
+            Output::Discard,
             "events",
             DEDUPE_QUERY,
             Some(100_000),
@@ -199,14 +216,14 @@ fn configurations() -> Vec<Configuration> {
         (
             // The same decoding without the deduplication: what it costs.
             "sql, json events without dedupe, the same columns, discard",
-            false,
+            Output::Discard,
             "events",
             "SELECT user, ts, amount FROM source",
             Some(100_000),
         ),
         (
             "sql, json events + lookup join with 1M-row Parquet table, discard",
-            false,
+            Output::Discard,
             "events+lookup",
             LOOKUP_QUERY,
             Some(100_000),
@@ -214,7 +231,7 @@ fn configurations() -> Vec<Configuration> {
         (
             // The same key computed, without the table: what the join itself costs.
             "sql, json events + the lookup join's key, without the join, discard",
-            false,
+            Output::Discard,
             "events",
             "SELECT e.user, e.ts, e.amount, CAST(substr(e.user, 2) AS BIGINT) * 100 + \
              e.amount % 100 AS k FROM source e",
@@ -222,7 +239,7 @@ fn configurations() -> Vec<Configuration> {
         ),
         (
             "sql, json + count and sum per user and window, a group per event, discard, default",
-            false,
+            Output::Discard,
             "events",
             PER_USER_QUERY,
             // The defaults: the memory budget alone sizes the batches.
@@ -230,7 +247,7 @@ fn configurations() -> Vec<Configuration> {
         ),
         (
             "sql, json + count and sum per user and window, a group per event, discard, 500k/trigger",
-            false,
+            Output::Discard,
             "events",
             PER_USER_QUERY,
             Some(500_000),
@@ -239,7 +256,7 @@ fn configurations() -> Vec<Configuration> {
         all.push(Configuration {
             name: name.to_owned(),
             store: Store::Directory,
-            jsonl,
+            sink,
             max_offsets,
             sql: Some((source, query)),
             kafka: None,
@@ -526,8 +543,10 @@ fn run_once(
     };
     let sink = if let Some(delivery) = configuration.kafka {
         format!("type = \"kafka\"\ntopic = \"{out_topic}\"\ndelivery = \"{delivery}\"")
-    } else if configuration.jsonl {
+    } else if configuration.sink == Output::Jsonl {
         format!("type = \"jsonl\"\npath = \"{}\"", dir.join("out").display())
+    } else if configuration.sink == Output::Parquet {
+        format!("type = \"parquet\"\npath = \"{}\"", dir.join("out").display())
     } else {
         "type = \"discard\"".to_owned()
     };
