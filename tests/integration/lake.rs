@@ -20,8 +20,15 @@ use crate::sql::{Job, SCHEMA, SQL, keep_producing, oracle, sorted};
 /// with the values of the partition directories it lies in. Prints a JSON
 /// object per row.
 const PYARROW_THROUGH_THE_LOG: &str = r#"
-import json, os, sys, urllib.parse
+import datetime, json, os, sys, urllib.parse
 import pyarrow.parquet as pq
+def plain(value):
+    # Bytes as text, and timestamps as whole seconds since the epoch, as the
+    # jsonl sink writes them.
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    assert isinstance(value, datetime.datetime), value
+    return int(value.replace(tzinfo=value.tzinfo or datetime.timezone.utc).timestamp())
 table = sys.argv[1]
 log = os.path.join(table, "_spark_metadata")
 ids = sorted(int(n.split(".")[0]) for n in os.listdir(log) if n.split(".")[0].isdigit())
@@ -48,7 +55,7 @@ for entry in entries:
     for row in pq.ParquetFile(path).read().to_pylist():
         assert not set(row) & set(parts), "a partition column is in the file"
         row.update(parts)
-        print(json.dumps(row, default=str))
+        print(json.dumps(row, default=plain))
 "#;
 
 /// Reads every Parquet file under argv[1] with DuckDB, Hive partitions as
@@ -68,11 +75,33 @@ fn rows(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The rows of the Parquet table at `table`, read by pyarrow through Spark's
+/// file-sink log, bytes as text and timestamps in seconds since the epoch.
+pub(crate) fn parquet_rows(table: &Path) -> Vec<Value> {
+    rows(&run_python(
+        PYARROW_THROUGH_THE_LOG,
+        &[table.to_str().unwrap()],
+    ))
+}
+
 #[tokio::test]
-async fn a_json_topic_lands_in_a_partitioned_parquet_table_exactly_once_through_sigkills() {
+async fn a_json_topic_lands_in_parquet_exactly_once_through_sigkills_with_the_filesystem_checkpoint()
+ {
+    stateless_into_parquet_through_sigkills(false).await;
+}
+
+#[tokio::test]
+async fn a_json_topic_lands_in_parquet_exactly_once_through_sigkills_with_the_cassandra_store() {
+    stateless_into_parquet_through_sigkills(true).await;
+}
+
+/// A JSON topic filtered by SQL into a table partitioned by a column, through
+/// 20 SIGKILLs while a producer writes, read back by pyarrow through the log
+/// and by DuckDB over the directory.
+async fn stateless_into_parquet_through_sigkills(cassandra: bool) {
     let topic = sluice_tests::unique_name("parquetcrash");
     create_topic(&topic, 3).await;
-    let job = Job::new();
+    let job = Job::with_store(cassandra);
     let table = job.path("table");
     let rest = format!(
         "[sink]\ntype = \"parquet\"\npath = \"{}\"\npartition_by = [\"size\"]\n\
@@ -87,8 +116,8 @@ async fn a_json_topic_lands_in_a_partitioned_parquet_table_exactly_once_through_
     let mut random = Lcg::from_clock("parquet crash test");
     let progress = job.path("progress.jsonl");
     let before = sluice_tests::process::committed_batches(&progress);
-    sluice_tests::process::kill_at_random_moments(&streaming, 10, (300, 900), &mut random).await;
-    sluice_tests::process::assert_committed_since(&progress, before, "10 killed runs");
+    sluice_tests::process::kill_at_random_moments(&streaming, 20, (300, 900), &mut random).await;
+    sluice_tests::process::assert_committed_since(&progress, before, "20 killed runs");
     stop.store(true, Ordering::Relaxed);
     let produced = producer_task.await.unwrap();
 
@@ -96,8 +125,8 @@ async fn a_json_topic_lands_in_a_partitioned_parquet_table_exactly_once_through_
     let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
     assert!(output.status.success(), "{}", stderr(&output));
     let want = sorted(oracle(&produced).await);
+    let through_log = sorted(parquet_rows(&table));
     let table = table.to_str().unwrap();
-    let through_log = sorted(rows(&run_python(PYARROW_THROUGH_THE_LOG, &[table])));
     let by_duckdb = sorted(rows(&run_python(DUCKDB_OVER_THE_DIRECTORY, &[table])));
     println!(
         "{} orders produced, {} rows through the log, {} by DuckDB, {} batches",
@@ -138,10 +167,7 @@ async fn records_without_a_query_land_as_sparks_kafka_columns() {
     let config = job.config(&topic, "", "available_now = true", &rest);
     let output = run(&["run", "--config", config.to_str().unwrap()]);
     assert!(output.status.success(), "{}", stderr(&output));
-    let got = rows(&run_python(
-        PYARROW_THROUGH_THE_LOG,
-        &[table.to_str().unwrap()],
-    ));
+    let got = parquet_rows(&table);
     assert_eq!(got.len(), 50);
     let mut names: Vec<&str> = got[0]
         .as_object()
@@ -162,6 +188,11 @@ async fn records_without_a_query_land_as_sparks_kafka_columns() {
             "value"
         ]
     );
+    let mut values: Vec<&str> = got.iter().map(|r| r["value"].as_str().unwrap()).collect();
+    values.sort_unstable();
+    let mut want: Vec<String> = (0..50).map(|n| format!("v{n}")).collect();
+    want.sort_unstable();
+    assert_eq!(values, want);
     for row in &got {
         assert_eq!(row["topic"], Value::from(topic.as_str()));
         let n: i64 = row["offset"].as_i64().unwrap();

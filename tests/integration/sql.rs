@@ -35,13 +35,25 @@ pub(crate) const SQL: &str = "SELECT order, upper(customer) AS customer, amount 
 /// A query's folder: its config, checkpoint, output and progress.
 pub(crate) struct Job {
     dir: tempfile::TempDir,
+    /// `[checkpoint]`'s lines: a folder of the job's, or a Cassandra query.
+    checkpoint: Option<String>,
 }
 
 impl Job {
     pub(crate) fn new() -> Job {
         Job {
             dir: tempfile::tempdir().unwrap(),
+            checkpoint: None,
         }
+    }
+
+    /// A job whose offsets are kept in Cassandra when `cassandra`.
+    pub(crate) fn with_store(cassandra: bool) -> Job {
+        let mut job = Job::new();
+        if cassandra {
+            job.checkpoint = Some(sluice_tests::cassandra_checkpoint("sluice_state_tests"));
+        }
+        job
     }
 
     pub(crate) fn path(&self, name: &str) -> PathBuf {
@@ -68,7 +80,7 @@ poll_timeout_ms = 20000
 {source_extra}
 
 [checkpoint]
-location = "{checkpoint}"
+{checkpoint}
 
 [trigger]
 {trigger}
@@ -79,7 +91,10 @@ file = "{progress}"
 {rest}
 "#,
             bootstrap = sluice_tests::kafka_bootstrap(),
-            checkpoint = self.path("checkpoint").display(),
+            checkpoint = self
+                .checkpoint
+                .clone()
+                .unwrap_or_else(|| format!("location = \"{}\"", self.path("checkpoint").display())),
             progress = self.path("progress.jsonl").display(),
         );
         let path = self.path("query.toml");

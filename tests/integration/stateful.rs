@@ -55,6 +55,9 @@ pub(crate) struct StatefulJob {
     topic: String,
     /// A `cassandra://` location, or the checkpoint folder when `None`.
     cassandra: Option<String>,
+    /// Whether the output is a Parquet table (`table/`) instead of jsonl
+    /// files (`out/`).
+    parquet: bool,
 }
 
 impl StatefulJob {
@@ -63,6 +66,23 @@ impl StatefulJob {
             dir: tempfile::tempdir().unwrap(),
             topic: topic.to_owned(),
             cassandra: cassandra.then(|| sluice_tests::cassandra_location("sluice_state_tests")),
+            parquet: false,
+        }
+    }
+
+    /// The same job writing a Parquet table.
+    pub(crate) fn into_parquet(mut self) -> StatefulJob {
+        self.parquet = true;
+        self
+    }
+
+    /// The rows the job wrote: its jsonl files' lines, or its Parquet table's
+    /// rows as pyarrow reads them through Spark's file-sink log.
+    pub(crate) fn output(&self) -> Vec<Value> {
+        if self.parquet {
+            crate::lake::parquet_rows(&self.path("table"))
+        } else {
+            lines(&self.path("out"))
         }
     }
 
@@ -114,8 +134,7 @@ min_batches_to_retain = 100000
 file = "{progress}"
 
 [sink]
-type = "jsonl"
-path = "{out}"
+{sink}
 
 [query]
 {query}
@@ -124,7 +143,17 @@ path = "{out}"
             topic = self.topic,
             checkpoint = self.checkpoint(),
             progress = self.path("progress.jsonl").display(),
-            out = self.path("out").display(),
+            sink = if self.parquet {
+                format!(
+                    "type = \"parquet\"\npath = \"{}\"",
+                    self.path("table").display()
+                )
+            } else {
+                format!(
+                    "type = \"jsonl\"\npath = \"{}\"",
+                    self.path("out").display()
+                )
+            },
         );
         let path = self.path(name);
         std::fs::write(&path, text).unwrap();
@@ -426,10 +455,13 @@ fn windows(out: &[Value]) -> BTreeMap<(i64, String), (i64, i64)> {
     rows
 }
 
-async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32) {
+async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32, parquet: bool) {
     let topic = sluice_tests::unique_name("stateful");
     create_topic(&topic, 3).await;
-    let job = StatefulJob::new(&topic, cassandra);
+    let mut job = StatefulJob::new(&topic, cassandra);
+    if parquet {
+        job = job.into_parquet();
+    }
     let source = format!("event_time = \"ts\"\nwatermark_delay = \"{DELAY_MS}ms\"");
     let query = format!(
         "sql = \"{WINDOWED}\"\noutput_mode = \"append\"\nstate_partitions = {state_partitions}"
@@ -458,7 +490,7 @@ async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32) {
 
     let plans = job.plans().await;
     let expected = oracle(&produced, &topic, &plans);
-    let got = windows(&lines(&job.path("out")));
+    let got = windows(&job.output());
     let progress = job.progress();
     let mut reported = 0;
     let mut most_state = 0;
@@ -509,13 +541,25 @@ async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32) {
 #[tokio::test]
 async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_filesystem_checkpoint()
 {
-    exactly_once_through_sigkills(false, 1).await;
+    exactly_once_through_sigkills(false, 1, false).await;
 }
 
 #[tokio::test]
 async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_cassandra_store() {
     // Four state partitions, so four Cassandra partitions of the state table.
-    exactly_once_through_sigkills(true, 4).await;
+    exactly_once_through_sigkills(true, 4, false).await;
+}
+
+#[tokio::test]
+async fn windowed_counts_and_sums_land_in_parquet_exactly_once_through_sigkills_with_the_filesystem_checkpoint()
+ {
+    exactly_once_through_sigkills(false, 1, true).await;
+}
+
+#[tokio::test]
+async fn windowed_counts_and_sums_land_in_parquet_exactly_once_through_sigkills_with_the_cassandra_store()
+ {
+    exactly_once_through_sigkills(true, 2, true).await;
 }
 
 /// Order `n`'s key for the deduplication: its customer and amount, which

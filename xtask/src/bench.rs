@@ -546,7 +546,10 @@ fn run_once(
     } else if configuration.sink == Output::Jsonl {
         format!("type = \"jsonl\"\npath = \"{}\"", dir.join("out").display())
     } else if configuration.sink == Output::Parquet {
-        format!("type = \"parquet\"\npath = \"{}\"", dir.join("out").display())
+        format!(
+            "type = \"parquet\"\npath = \"{}\"",
+            dir.join("out").display()
+        )
     } else {
         "type = \"discard\"".to_owned()
     };
