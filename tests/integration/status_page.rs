@@ -172,9 +172,11 @@ async fn the_status_page_renders_the_running_query_and_agrees_with_the_progress_
          LEFT JOIN keys k ON CAST(s.key AS STRING) = k.name\"\n\n[progress]",
         keys.display()
     );
-    // [progress] is the file's last table.
+    // [progress] is the file's last table. The rows land in a Parquet table,
+    // whose sink says what it wrote.
     let text = std::fs::read_to_string(&config)
         .unwrap()
+        .replace("type = \"jsonl\"", "type = \"parquet\"")
         .replace("[progress]", &lookup)
         + &format!("metrics_addr = \"{addr}\"\n");
     std::fs::write(&config, text).unwrap();
@@ -287,6 +289,17 @@ async fn the_status_page_renders_the_running_query_and_agrees_with_the_progress_
         row.contains(table["version"].as_str().unwrap()),
         "the version the batch joined: {row}"
     );
+    // What the sink wrote in the last batch, as its report says.
+    let written = &last["sink"]["metrics"];
+    assert_eq!(written["rowsWritten"], "100", "{written}");
+    for metric in ["filesWritten", "bytesWritten", "rowsWritten"] {
+        let at = dom
+            .find(&format!("data-metric=\"{metric}\""))
+            .unwrap_or_else(|| panic!("no row for the sink's {metric}"));
+        let row = &dom[at..at + dom[at..].find("</tr>").unwrap()];
+        let value: u64 = written[metric].as_str().unwrap().parse().unwrap();
+        assert!(row.contains(&grouped(value)), "{metric}: {row}");
+    }
     let png = std::fs::read(&screenshot).unwrap();
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 20_000,

@@ -1,5 +1,6 @@
 //! The trait a sink implements: its lifecycle, and what it writes.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 
 use crate::{BatchId, OffsetRange, RecordChunk};
@@ -79,6 +80,14 @@ pub trait Sink: Send {
     fn is_fenced(error: &Self::Error) -> bool {
         let _ = error;
         false
+    }
+
+    /// What the sink wrote in the batch it finished last, for the progress
+    /// report's `sink.metrics` (Spark's `SinkProgress.metrics`): the files,
+    /// bytes and rows a table sink wrote, say. The default reports nothing;
+    /// a sink that wraps another forwards it.
+    fn metrics(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
     }
 
     /// Asked on recovery about a batch that was planned but not committed:

@@ -258,6 +258,10 @@ pub struct SinkProgress {
     pub description: String,
     /// Rows handed to the sink: the records as read, or the rows a query made.
     pub num_output_rows: u64,
+    /// What the sink says it wrote in the batch ([`sluice_core::Sink::metrics`]);
+    /// left out when it says nothing.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, String>,
 }
 
 /// Spark's `eventTime` entry: the watermark always, and the rows' minimum,
@@ -593,6 +597,7 @@ mod tests {
             sink: SinkProgress {
                 description: "discard".into(),
                 num_output_rows: 10_000,
+                metrics: BTreeMap::new(),
             },
             group: None,
         }

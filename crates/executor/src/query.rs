@@ -1119,6 +1119,7 @@ where
             sink: SinkProgress {
                 description: self.options.sink_description.clone(),
                 num_output_rows: output_rows,
+                metrics: self.sink.metrics(),
             },
             group: self.options.group.clone(),
         }

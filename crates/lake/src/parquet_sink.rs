@@ -1,7 +1,7 @@
 //! `parquet`: each batch's rows as Parquet files under a directory, listed in
 //! Spark's file-sink log once the batch's files are durable.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -108,6 +108,16 @@ pub struct ParquetSink {
     options: Arc<ParquetOptions>,
     log: SparkFileLog,
     batch: Option<Batch>,
+    /// What the batch finished last wrote.
+    written: Written,
+}
+
+/// What a batch wrote, for the progress report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Written {
+    files: u64,
+    bytes: u64,
+    rows: u64,
 }
 
 /// The batch being written.
@@ -123,6 +133,8 @@ struct Batch {
     closed: Vec<(u32, PathBuf, PathBuf)>,
     /// Files begun, which numbers the next one.
     files: u32,
+    /// Rows written.
+    rows: u64,
 }
 
 struct Open {
@@ -188,6 +200,7 @@ impl ParquetSink {
             options: Arc::new(options),
             log,
             batch: None,
+            written: Written::default(),
         })
     }
 
@@ -407,6 +420,7 @@ impl Batch {
                 },
             );
         }
+        self.rows += rows.num_rows() as u64;
         let open = self.open.get_mut(dir).expect("opened above");
         open.writer
             .write(rows)
@@ -464,6 +478,7 @@ impl Sink for ParquetSink {
         batch: BatchId,
         _ranges: &[OffsetRange],
     ) -> Result<(), LakeError> {
+        self.written = Written::default();
         let abandoned = self.batch.take();
         let log = self.log.clone();
         let started = tokio::task::spawn_blocking(move || {
@@ -484,41 +499,57 @@ impl Sink for ParquetSink {
 
     async fn finish_batch(&mut self, batch: BatchId) -> Result<(), LakeError> {
         let log = self.log.clone();
-        self.with_batch(move |options, open| {
-            if open.id != batch.0 {
-                return Err(LakeError::Task(format!(
-                    "batch {batch} ends, but batch {} was begun",
-                    open.id
-                )));
-            }
-            if open.delivered {
-                return Ok(());
-            }
-            let left: Vec<Open> = open.open.drain().map(|(_, file)| file).collect();
-            for file in left {
-                open.closed.push(close(file)?);
-            }
-            // Listed in the order they were begun.
-            open.closed.sort_by_key(|(number, _, _)| *number);
-            let mut folders = Vec::new();
-            let mut files = Vec::new();
-            for (_, temp, path) in open.closed.drain(..) {
-                fs::rename(&temp, &path).map_err(LakeError::io("renaming into place", &path))?;
-                files.push(SinkFile::of(&path)?);
-                if let Some(folder) = path.parent()
-                    && !folders.iter().any(|f: &PathBuf| f == folder)
-                {
-                    folders.push(folder.to_owned());
+        let written = self
+            .with_batch(move |options, open| {
+                if open.id != batch.0 {
+                    return Err(LakeError::Task(format!(
+                        "batch {batch} ends, but batch {} was begun",
+                        open.id
+                    )));
                 }
-            }
-            for folder in folders.iter().chain([&options.path]) {
-                sync_dir(folder)?;
-            }
-            log.add(batch.0, &files)
-        })
-        .await?;
+                if open.delivered {
+                    return Ok(Written::default());
+                }
+                let left: Vec<Open> = open.open.drain().map(|(_, file)| file).collect();
+                for file in left {
+                    open.closed.push(close(file)?);
+                }
+                // Listed in the order they were begun.
+                open.closed.sort_by_key(|(number, _, _)| *number);
+                let mut folders = Vec::new();
+                let mut files = Vec::new();
+                for (_, temp, path) in open.closed.drain(..) {
+                    fs::rename(&temp, &path)
+                        .map_err(LakeError::io("renaming into place", &path))?;
+                    files.push(SinkFile::of(&path)?);
+                    if let Some(folder) = path.parent()
+                        && !folders.iter().any(|f: &PathBuf| f == folder)
+                    {
+                        folders.push(folder.to_owned());
+                    }
+                }
+                for folder in folders.iter().chain([&options.path]) {
+                    sync_dir(folder)?;
+                }
+                log.add(batch.0, &files)?;
+                Ok(Written {
+                    files: files.len() as u64,
+                    bytes: files.iter().map(|f| f.size).sum(),
+                    rows: open.rows,
+                })
+            })
+            .await?;
         self.batch = None;
+        self.written = written;
         Ok(())
+    }
+
+    fn metrics(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("filesWritten".to_owned(), self.written.files.to_string()),
+            ("bytesWritten".to_owned(), self.written.bytes.to_string()),
+            ("rowsWritten".to_owned(), self.written.rows.to_string()),
+        ])
     }
 
     async fn delivered(
@@ -647,6 +678,13 @@ mod tests {
         let mut sink = ParquetSink::open(ParquetOptions::new(dir.path(), "q1")).unwrap();
         write_batch(&mut sink, 0, &[rows(0, 10), rows(10, 5)]).await;
         write_batch(&mut sink, 1, &[rows(15, 3)]).await;
+        let metrics = sink.metrics();
+        assert_eq!(metrics["filesWritten"], "1");
+        assert_eq!(metrics["rowsWritten"], "3");
+        let size = fs::metadata(dir.path().join("part-00001-00000.zstd.parquet"))
+            .unwrap()
+            .len();
+        assert_eq!(metrics["bytesWritten"], size.to_string());
         let files = listed(dir.path());
         let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(

@@ -100,6 +100,10 @@ impl<S: Sink> Sink for WithFailpoint<S> {
         S::is_fenced(error)
     }
 
+    fn metrics(&self) -> std::collections::BTreeMap<String, String> {
+        self.inner.metrics()
+    }
+
     async fn delivered(
         &mut self,
         batch: BatchId,

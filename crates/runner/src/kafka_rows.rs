@@ -52,6 +52,10 @@ impl<S: Sink> Sink for KafkaRows<S> {
         S::is_fenced(error)
     }
 
+    fn metrics(&self) -> std::collections::BTreeMap<String, String> {
+        self.inner.metrics()
+    }
+
     fn delivered(
         &mut self,
         batch: BatchId,

@@ -888,6 +888,7 @@ mod tests {
             sink: SinkProgress {
                 description: "jsonl".to_owned(),
                 num_output_rows: 100,
+                metrics: std::collections::BTreeMap::new(),
             },
             group: None,
         }
