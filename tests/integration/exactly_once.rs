@@ -157,35 +157,9 @@ async fn kafka_to_kafka_through_sigkills(job: Job) {
     let streaming = job.config_with("", "processing_time = \"0s\"");
     to_kafka(&streaming, &job, &out_topic, "");
     // The window between the transaction's commit and the store's, forced: the
-    // process aborts right after Kafka committed batch 2.
-    // Off the test's one runtime thread, which the producer task needs.
-    let config = streaming.clone();
-    let crashed = tokio::task::spawn_blocking(move || {
-        Command::new(sluice())
-            .args(["run", "--config", config.to_str().unwrap()])
-            .env("SLUICE_FAILPOINT", "after_sink_commit:2")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert_eq!(crashed.status.code(), None, "{}", stderr(&crashed));
-    assert!(
-        stderr(&crashed).contains("aborting after the sink committed batch 2"),
-        "{}",
-        stderr(&crashed)
-    );
-    // The next runner finds batch 2 in Kafka and writes only the store's commit.
-    let resumed = Running::spawn(&["run", "--config", streaming.to_str().unwrap()]);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    resumed.signal("-TERM");
-    let resumed = resumed.wait();
-    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
-    assert!(
-        stderr(&resumed).contains("the sink already has this batch; writing its commit only"),
-        "{}",
-        stderr(&resumed)
-    );
+    // process aborts right after Kafka committed batch 2, and the next runner
+    // finds batch 2 in Kafka and writes only the store's commit.
+    sluice_tests::process::crash_after_sink_commit_and_resume(&streaming, 2).await;
 
     let mut random = Lcg::from_clock("exactly-once kafka sink");
     let before = sluice_tests::process::committed_batches(&job.progress_file());

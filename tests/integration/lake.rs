@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 use sluice_tests::kafka::{create_topic, delete_topic, produce_values, producer};
-use sluice_tests::process::{Lcg, Running, run, stderr};
+use sluice_tests::process::{Lcg, run, stderr};
 use sluice_tests::readers::run_python;
 
 use crate::sql::{Job, SCHEMA, SQL, keep_producing, oracle, sorted};
@@ -116,36 +116,8 @@ async fn stateless_into_parquet_through_sigkills(cassandra: bool) {
     let producer_task = keep_producing(topic.clone(), 3, stop.clone());
     // A crash between the sink's end of batch 2 (its files listed in the log)
     // and the store's commit: the next run finds the batch in the log and
-    // writes its commit only. Off the test's one runtime thread, which the
-    // producer needs.
-    let config = streaming.clone();
-    let crashed = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(sluice_tests::process::sluice())
-            .args(["run", "--config", config.to_str().unwrap()])
-            .env("SLUICE_FAILPOINT", "after_sink_commit:2")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert_eq!(crashed.status.code(), None, "{}", stderr(&crashed));
-    assert!(
-        stderr(&crashed).contains("aborting after the sink committed batch 2"),
-        "{}",
-        stderr(&crashed)
-    );
-    let resumed = Running::spawn(&["run", "--config", streaming.to_str().unwrap()]);
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
-    resumed.signal("-TERM");
-    let resumed = tokio::task::spawn_blocking(move || resumed.wait())
-        .await
-        .unwrap();
-    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
-    assert!(
-        stderr(&resumed).contains("the sink already has this batch; writing its commit only"),
-        "{}",
-        stderr(&resumed)
-    );
+    // writes its commit only.
+    sluice_tests::process::crash_after_sink_commit_and_resume(&streaming, 2).await;
     let mut random = Lcg::from_clock("parquet crash test");
     let progress = job.path("progress.jsonl");
     let before = sluice_tests::process::committed_batches(&progress);

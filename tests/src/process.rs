@@ -246,3 +246,39 @@ pub fn assert_committed_since(progress: &Path, before: usize, runs: &str) {
     );
     println!("the {runs} committed {} batches of records", now - before);
 }
+
+/// Runs the query of `config` until it aborts right after its sink finished
+/// `batch` (the `after_sink_commit` failpoint), before the store's commit;
+/// then runs it again for 2.5 s and checks that the second run found the batch
+/// in the sink and wrote its commit only. Blocking waits run off the test's
+/// runtime threads, which a producer may need meanwhile.
+pub async fn crash_after_sink_commit_and_resume(config: &Path, batch: u64) {
+    let crashing = config.to_owned();
+    let crashed = tokio::task::spawn_blocking(move || {
+        Command::new(sluice())
+            .args(["run", "--config", crashing.to_str().unwrap()])
+            .env("SLUICE_FAILPOINT", format!("after_sink_commit:{batch}"))
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(crashed.status.code(), None, "{}", stderr(&crashed));
+    let said = stderr(&crashed);
+    assert!(
+        said.contains(&format!("aborting after the sink committed batch {batch}")),
+        "{said}"
+    );
+    let resumed = Running::spawn(&["run", "--config", config.to_str().unwrap()]);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    resumed.signal("-TERM");
+    let resumed = tokio::task::spawn_blocking(move || resumed.wait())
+        .await
+        .unwrap();
+    let said = stderr(&resumed);
+    assert_eq!(resumed.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("the sink already has this batch; writing its commit only"),
+        "{said}"
+    );
+}

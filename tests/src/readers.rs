@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 /// The Python packages, pinned, that read tables in tests.
 const PACKAGES: &[&str] = &["pyarrow==20.0.0", "duckdb==1.3.2"];
 
-/// The environment's `python`, with [`PACKAGES`] installed.
+/// The environment's `python`, with the pinned readers installed.
 pub fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(|| {

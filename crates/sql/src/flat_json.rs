@@ -224,96 +224,66 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
-/// A column being built, one entry per row, with its validity.
-enum Column {
-    Utf8 {
-        offsets: Vec<i32>,
-        data: Vec<u8>,
-        valid: Vec<bool>,
-    },
-    Int(Vec<i64>, Vec<bool>),
-    Float32(Vec<f32>, Vec<bool>),
-    Float64(Vec<f64>, Vec<bool>),
-    Boolean(Vec<bool>, Vec<bool>),
+/// A column being built: one value per row, and whether it is valid.
+struct Column {
+    values: Values,
+    valid: Vec<bool>,
+}
+
+/// A column's values; a null row's is a placeholder.
+enum Values {
+    Utf8 { offsets: Vec<i32>, data: Vec<u8> },
+    Int(Vec<i64>),
+    Float32(Vec<f32>),
+    Float64(Vec<f64>),
+    Boolean(Vec<bool>),
 }
 
 impl Column {
     fn new(kind: &Kind, rows: usize) -> Column {
-        let valid = Vec::with_capacity(rows);
-        match kind {
+        let values = match kind {
             Kind::Utf8 => {
                 let mut offsets = Vec::with_capacity(rows + 1);
                 offsets.push(0);
-                Column::Utf8 {
+                Values::Utf8 {
                     offsets,
                     data: Vec::with_capacity(rows * 8),
-                    valid,
                 }
             }
-            Kind::Int { .. } | Kind::Timestamp(..) => Column::Int(Vec::with_capacity(rows), valid),
-            Kind::Float32 => Column::Float32(Vec::with_capacity(rows), valid),
-            Kind::Float64 => Column::Float64(Vec::with_capacity(rows), valid),
-            Kind::Boolean => Column::Boolean(Vec::with_capacity(rows), valid),
+            Kind::Int { .. } | Kind::Timestamp(..) => Values::Int(Vec::with_capacity(rows)),
+            Kind::Float32 => Values::Float32(Vec::with_capacity(rows)),
+            Kind::Float64 => Values::Float64(Vec::with_capacity(rows)),
+            Kind::Boolean => Values::Boolean(Vec::with_capacity(rows)),
+        };
+        Column {
+            values,
+            valid: Vec::with_capacity(rows),
         }
     }
 
     /// Keeps the first `rows` rows.
     fn truncate(&mut self, rows: usize) {
-        match self {
-            Column::Utf8 {
-                offsets,
-                data,
-                valid,
-            } => {
+        self.valid.truncate(rows);
+        match &mut self.values {
+            Values::Utf8 { offsets, data } => {
                 offsets.truncate(rows + 1);
                 data.truncate(offsets[rows] as usize);
-                valid.truncate(rows);
             }
-            Column::Int(v, valid) => {
-                v.truncate(rows);
-                valid.truncate(rows);
-            }
-            Column::Float32(v, valid) => {
-                v.truncate(rows);
-                valid.truncate(rows);
-            }
-            Column::Float64(v, valid) => {
-                v.truncate(rows);
-                valid.truncate(rows);
-            }
-            Column::Boolean(v, valid) => {
-                v.truncate(rows);
-                valid.truncate(rows);
-            }
+            Values::Int(v) => v.truncate(rows),
+            Values::Float32(v) => v.truncate(rows),
+            Values::Float64(v) => v.truncate(rows),
+            Values::Boolean(v) => v.truncate(rows),
         }
     }
 
     fn push_null(&mut self) {
-        match self {
-            Column::Utf8 {
-                offsets,
-                data,
-                valid,
-            } => {
-                offsets.push(data.len() as i32);
-                valid.push(false);
-            }
-            Column::Int(v, valid) => {
-                v.push(0);
-                valid.push(false);
-            }
-            Column::Float32(v, valid) => {
-                v.push(0.0);
-                valid.push(false);
-            }
-            Column::Float64(v, valid) => {
-                v.push(0.0);
-                valid.push(false);
-            }
-            Column::Boolean(v, valid) => {
-                v.push(false);
-                valid.push(false);
-            }
+        self.valid.push(false);
+        match &mut self.values {
+            Values::Utf8 { offsets, data } => offsets.push(data.len() as i32),
+            Values::Int(v) => v.push(0),
+            Values::Float32(v) => v.push(0.0),
+            Values::Float64(v) => v.push(0.0),
+            Values::Boolean(v) => v.push(false),
         }
     }
 
@@ -324,29 +294,20 @@ impl Column {
             self.push_null();
             return Some(());
         }
-        match (self, kind) {
-            (
-                Column::Utf8 {
-                    offsets,
-                    data,
-                    valid,
-                },
-                Kind::Utf8,
-            ) => {
+        match (&mut self.values, kind) {
+            (Values::Utf8 { offsets, data }, Kind::Utf8) => {
                 p.eat(b'"')?;
                 p.string(Some(data))?;
                 offsets.push(i32::try_from(data.len()).ok()?);
-                valid.push(true);
             }
-            (Column::Int(v, valid), Kind::Int { min, max }) => {
+            (Values::Int(v), Kind::Int { min, max }) => {
                 let n = p.integer()?;
                 if n < *min || n > *max {
                     return None;
                 }
                 v.push(n);
-                valid.push(true);
             }
-            (Column::Int(v, valid), Kind::Timestamp(unit, tz)) => {
+            (Values::Int(v), Kind::Timestamp(unit, tz)) => {
                 let n = if p.peek()? == b'"' {
                     p.at += 1;
                     let text = std::str::from_utf8(p.plain_string()?).ok()?;
@@ -355,75 +316,56 @@ impl Column {
                     p.integer()?
                 };
                 v.push(n);
-                valid.push(true);
             }
-            (Column::Float32(v, valid), Kind::Float32) => {
-                v.push(p.float::<f32>()?);
-                valid.push(true);
-            }
-            (Column::Float64(v, valid), Kind::Float64) => {
-                v.push(p.float::<f64>()?);
-                valid.push(true);
-            }
-            (Column::Boolean(v, valid), Kind::Boolean) => {
+            (Values::Float32(v), Kind::Float32) => v.push(p.float::<f32>()?),
+            (Values::Float64(v), Kind::Float64) => v.push(p.float::<f64>()?),
+            (Values::Boolean(v), Kind::Boolean) => {
                 let b = match p.peek()? {
                     b't' => p.literal(b"true").map(|()| true)?,
                     b'f' => p.literal(b"false").map(|()| false)?,
                     _ => return None,
                 };
                 v.push(b);
-                valid.push(true);
             }
             _ => return None,
         }
+        self.valid.push(true);
         Some(())
     }
 
     fn finish(self, kind: &Kind, data_type: &DataType) -> Option<ArrayRef> {
-        fn nulls(valid: Vec<bool>) -> Option<NullBuffer> {
-            if valid.iter().all(|v| *v) {
-                None
-            } else {
-                Some(NullBuffer::from(valid))
-            }
-        }
+        let nulls = if self.valid.iter().all(|v| *v) {
+            None
+        } else {
+            Some(NullBuffer::from(self.valid))
+        };
         fn ints<T: ArrowPrimitiveType>(
             v: Vec<i64>,
-            valid: Vec<bool>,
+            nulls: Option<NullBuffer>,
             cast: impl Fn(i64) -> T::Native,
-        ) -> PrimitiveArray<T> {
-            PrimitiveArray::new(v.into_iter().map(cast).collect(), nulls(valid))
+        ) -> ArrayRef {
+            Arc::new(PrimitiveArray::<T>::new(
+                v.into_iter().map(cast).collect(),
+                nulls,
+            ))
         }
-        Some(match (self, kind) {
-            (
-                Column::Utf8 {
-                    offsets,
-                    data,
-                    valid,
-                },
-                _,
-            ) => {
+        Some(match (self.values, kind) {
+            (Values::Utf8 { offsets, data }, _) => {
                 let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
                 // Every string was checked to be UTF-8 as it was read.
-                Arc::new(StringArray::try_new(offsets, data.into(), nulls(valid)).ok()?)
+                Arc::new(StringArray::try_new(offsets, data.into(), nulls).ok()?)
             }
-            (Column::Int(v, valid), Kind::Int { max, .. }) => match *max {
+            (Values::Int(v), Kind::Int { max, .. }) => match *max {
                 // Each value was checked against the type's bounds as it was read.
-                m if m == i8::MAX as i64 => {
-                    Arc::new(ints::<Int8Type>(v, valid, |n| n as i8)) as ArrayRef
-                }
-                m if m == i16::MAX as i64 => Arc::new(ints::<Int16Type>(v, valid, |n| n as i16)),
-                m if m == i32::MAX as i64 => Arc::new(ints::<Int32Type>(v, valid, |n| n as i32)),
-                _ => Arc::new(Int64Array::new(v.into(), nulls(valid))),
+                m if m == i8::MAX as i64 => ints::<Int8Type>(v, nulls, |n| n as i8),
+                m if m == i16::MAX as i64 => ints::<Int16Type>(v, nulls, |n| n as i16),
+                m if m == i32::MAX as i64 => ints::<Int32Type>(v, nulls, |n| n as i32),
+                _ => Arc::new(Int64Array::new(v.into(), nulls)),
             },
-            (Column::Int(v, valid), Kind::Timestamp(..)) => {
-                timestamp_array(v, nulls(valid), data_type)
-            }
-            (Column::Float32(v, valid), _) => Arc::new(Float32Array::new(v.into(), nulls(valid))),
-            (Column::Float64(v, valid), _) => Arc::new(Float64Array::new(v.into(), nulls(valid))),
-            (Column::Boolean(v, valid), _) => {
-                Arc::new(BooleanArray::new(BooleanBuffer::from(v), nulls(valid)))
-            }
+            (Values::Int(v), Kind::Timestamp(..)) => timestamp_array(v, nulls, data_type),
+            (Values::Float32(v), _) => Arc::new(Float32Array::new(v.into(), nulls)),
+            (Values::Float64(v), _) => Arc::new(Float64Array::new(v.into(), nulls)),
+            (Values::Boolean(v), _) => Arc::new(BooleanArray::new(BooleanBuffer::from(v), nulls)),
             _ => return None,
         })
     }
