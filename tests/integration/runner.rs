@@ -389,7 +389,7 @@ type = "console"
         ),
         (
             "type = \"console\"",
-            "type = \"parquet\"",
+            "type = \"hdfs\"",
             "sink.type must be",
         ),
         (
