@@ -387,11 +387,7 @@ type = "console"
             "subscribe = [\"t\"]\nmax_ofsets_per_trigger = 5",
             "did you mean `max_offsets_per_trigger`?",
         ),
-        (
-            "type = \"console\"",
-            "type = \"hdfs\"",
-            "sink.type must be",
-        ),
+        ("type = \"console\"", "type = \"hdfs\"", "sink.type must be"),
         (
             "subscribe = [\"t\"]",
             "subscribe_pattern = \"(\"",
