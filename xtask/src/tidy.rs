@@ -116,12 +116,28 @@ fn executor_knows_only_the_traits() {
         "rdkafka",
         "scylla",
         "datafusion",
+        "deltalake",
     ];
     for dep in dependencies(&manifest_of("sluice-executor")) {
         assert!(
             !concrete.contains(&dep.as_str()),
             "sluice-executor must work through the traits of sluice-core, not depend on {dep}"
         );
+    }
+}
+
+#[test]
+fn delta_lake_is_the_lake_crates_alone() {
+    // delta-rs brings its own object-store clients and TLS stack; one crate
+    // keeps them, and the runner reaches the table through it.
+    for (_, manifest) in members() {
+        let name = package_name(&manifest);
+        if name != "sluice-lake" {
+            assert!(
+                !dependencies(&manifest).iter().any(|d| d == "deltalake"),
+                "{name} depends on deltalake; Delta tables are sluice-lake's"
+            );
+        }
     }
 }
 

@@ -55,6 +55,22 @@ pub enum LakeError {
         /// What is wrong with it.
         reason: String,
     },
+    /// Delta Lake could not read or write the table.
+    #[error("Delta table {path}: {source}")]
+    Delta {
+        /// The table's directory.
+        path: PathBuf,
+        /// Delta's error.
+        source: Box<deltalake::DeltaTableError>,
+    },
+    /// The table's schema does not take the query's output.
+    #[error("the Delta table {path} does not take the query's rows: {}", reasons.join("; "))]
+    Schema {
+        /// The table's directory.
+        path: PathBuf,
+        /// Each column that does not fit, and how.
+        reasons: Vec<String>,
+    },
     /// A blocking task did not complete.
     #[error("a file task failed: {0}")]
     Task(String),

@@ -38,7 +38,7 @@ pub enum Compression {
 }
 
 impl Compression {
-    fn parquet(self) -> parquet::basic::Compression {
+    pub(crate) fn parquet(self) -> parquet::basic::Compression {
         match self {
             Compression::Zstd => parquet::basic::Compression::ZSTD(ZstdLevel::default()),
             Compression::Snappy => parquet::basic::Compression::SNAPPY,
@@ -114,10 +114,21 @@ pub struct ParquetSink {
 
 /// What a batch wrote, for the progress report.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Written {
-    files: u64,
-    bytes: u64,
-    rows: u64,
+pub(crate) struct Written {
+    pub(crate) files: u64,
+    pub(crate) bytes: u64,
+    pub(crate) rows: u64,
+}
+
+impl Written {
+    /// As the progress report's `sink.metrics`.
+    pub(crate) fn metrics(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("filesWritten".to_owned(), self.files.to_string()),
+            ("bytesWritten".to_owned(), self.bytes.to_string()),
+            ("rowsWritten".to_owned(), self.rows.to_string()),
+        ])
+    }
 }
 
 /// The batch being written.
@@ -208,7 +219,7 @@ impl ParquetSink {
     /// partition column is one of its columns, of a type whose values name a
     /// directory, and some column is left for the files.
     pub fn check(&self, schema: &Schema) -> Result<(), LakeError> {
-        check(&self.options.partition_by, schema)
+        check_partitions(&self.options.partition_by, schema)
     }
 
     /// The table's directory.
@@ -242,7 +253,7 @@ impl ParquetSink {
     }
 }
 
-fn check(partition_by: &[String], schema: &Schema) -> Result<(), LakeError> {
+pub(crate) fn check_partitions(partition_by: &[String], schema: &Schema) -> Result<(), LakeError> {
     for column in partition_by {
         let field = schema.field_with_name(column).map_err(|_| {
             LakeError::Options(format!(
@@ -545,11 +556,7 @@ impl Sink for ParquetSink {
     }
 
     fn metrics(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([
-            ("filesWritten".to_owned(), self.written.files.to_string()),
-            ("bytesWritten".to_owned(), self.written.bytes.to_string()),
-            ("rowsWritten".to_owned(), self.written.rows.to_string()),
-        ])
+        self.written.metrics()
     }
 
     async fn delivered(
@@ -571,7 +578,6 @@ impl Writes<RecordBatch> for ParquetSink {
             if options.partition_by.is_empty() {
                 return batch.write(options, "", &rows);
             }
-            check(&options.partition_by, &rows.schema())?;
             let data: Vec<usize> = (0..rows.num_columns())
                 .filter(|&i| {
                     let name = rows.schema_ref().field(i).name().clone();
@@ -820,18 +826,18 @@ mod tests {
     #[test]
     fn partition_columns_are_checked_against_the_output() {
         let schema = rows(0, 1).schema();
-        let e = check(&["nope".to_owned()], &schema)
+        let e = check_partitions(&["nope".to_owned()], &schema)
             .unwrap_err()
             .to_string();
         assert!(e.contains("`nope`") && e.contains("id, day, amount"), "{e}");
-        let e = check(&["amount".to_owned()], &schema)
+        let e = check_partitions(&["amount".to_owned()], &schema)
             .unwrap_err()
             .to_string();
         assert!(e.contains("`amount` is Float64"), "{e}");
         let all = ["id".to_owned(), "day".to_owned()];
-        check(&all, &schema).unwrap();
+        check_partitions(&all, &schema).unwrap();
         let narrow = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
-        assert!(check(&["id".to_owned()], &narrow).is_err());
+        assert!(check_partitions(&["id".to_owned()], &narrow).is_err());
     }
 
     #[test]
