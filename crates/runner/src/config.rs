@@ -26,7 +26,7 @@ pub use checkpoint::{CassandraAuth, CheckpointSection, StoreKind};
 pub use processing::{DeadLetterSection, DeadLetters, Processing, QuerySection, StreamSettings};
 pub use retry::RetrySection;
 pub use scale_out::ScaleOutSection;
-pub use sink::{ParquetSinkConfig, SinkKind, SinkSection};
+pub use sink::{SinkKind, SinkSection, TableSinkConfig};
 pub use source::{SourceSection, SourceSettings};
 pub use tables::{DEFAULT_TABLE_MEMORY_MB, TableSection, TableSource, TableSpec};
 pub use trigger::{TriggerSection, TriggerSettings};

@@ -77,6 +77,29 @@ enum Command {
         #[command(subcommand)]
         command: offsets_cmd::OffsetsCommand,
     },
+    /// Remove the data files of a Delta table that its current version does
+    /// not list and that are older than the retention: files of replaced
+    /// versions, and files of batches cut short before their commit. A query
+    /// writing the table never removes files itself.
+    Vacuum {
+        /// The table's directory (or give --config).
+        #[arg(long, conflicts_with = "config", required_unless_present = "config")]
+        table: Option<PathBuf>,
+        /// A query's configuration whose sink is the Delta table.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Keep files younger than this many hours (by default the table's
+        /// delta.deletedFileRetentionDuration, a week).
+        #[arg(long)]
+        retain_hours: Option<u64>,
+        /// Allow a retention shorter than the table's: only with no reader of
+        /// an older version and no query writing the table.
+        #[arg(long)]
+        no_retention_check: bool,
+        /// List the files that would go, and remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 // librdkafka allocates every message on one thread and frees it on another,
@@ -126,6 +149,13 @@ fn main() -> ExitCode {
             Command::Run { config } => run(config).await,
             Command::Validate { config } => validate(config).await,
             Command::Offsets { command } => offsets_cmd::run(command).await,
+            Command::Vacuum {
+                table,
+                config,
+                retain_hours,
+                no_retention_check,
+                dry_run,
+            } => vacuum(table, config, retain_hours, !no_retention_check, dry_run).await,
         }
     });
     // A request that a stop cut short may still be waiting for its timeout on
@@ -450,6 +480,7 @@ impl Parts {
         CassandraSink: Writes<P::Output>,
         JsonlSink: Writes<P::Output>,
         kafka_rows::KafkaRows<sluice_lake::ParquetSink>: Writes<P::Output>,
+        kafka_rows::KafkaRows<sluice_lake::DeltaSink>: Writes<P::Output>,
     {
         match self.settings.sink.clone() {
             SinkKind::Discard => {
@@ -489,36 +520,49 @@ impl Parts {
                 self.run(store, processor, sink, dead, description).await
             }
             SinkKind::Parquet(config) => {
-                if self.generation.is_some() {
-                    return Err(Exit::config(anyhow::anyhow!(
-                        "sink.type = \"parquet\" in group mode: Spark's file-sink log numbers \
-                         one query's batches, and each generation numbers its own from 0; run \
-                         one process, or write jsonl files"
-                    )));
-                }
-                let include_headers = self
-                    .settings
-                    .sources
-                    .first()
-                    .is_some_and(|s| s.source.kafka.include_headers);
-                let sink = sluice_lake::ParquetSink::open(config.options(&self.query_id)).map_err(
-                    |e| match e {
-                        sluice_lake::LakeError::Foreign { .. } => Exit::config(e.into()),
-                        other => Exit::runtime(other.into()),
-                    },
-                )?;
-                let schema = match &rows {
-                    Some(schema) => schema.as_ref().clone(),
-                    None => sluice_sql::arrow::datatypes::Schema::new(
-                        sluice_sql::columns::KafkaColumns::spark(include_headers).fields(),
-                    ),
-                };
-                sink.check(&schema).map_err(|e| Exit::config(e.into()))?;
+                self.refuse_group_mode("parquet", "Spark's file-sink log")?;
+                let include_headers = self.include_headers();
+                let sink = sluice_lake::ParquetSink::open(config.parquet(&self.query_id))
+                    .map_err(lake_exit)?;
+                sink.check(&output_schema(&rows, include_headers))
+                    .map_err(|e| Exit::config(e.into()))?;
                 let description = format!("parquet[{}]", sink.path().display());
                 let sink = kafka_rows::KafkaRows::new(sink, include_headers);
                 self.run(store, processor, sink, dead, description).await
             }
+            SinkKind::Delta(config) => {
+                self.refuse_group_mode("delta", "the table's transaction for the query")?;
+                let include_headers = self.include_headers();
+                let options = config.delta(&self.query_id, self.settings.name.as_deref());
+                let sink =
+                    sluice_lake::DeltaSink::open(options, &output_schema(&rows, include_headers))
+                        .await
+                        .map_err(lake_exit)?;
+                let description = format!("delta[{}]", sink.path().display());
+                let sink = kafka_rows::KafkaRows::new(sink, include_headers);
+                self.run(store, processor, sink, dead, description).await
+            }
         }
+    }
+
+    /// Refuses a table sink in group mode, where each generation numbers its
+    /// batches from 0 and `what` numbers one query's.
+    fn refuse_group_mode(&self, sink: &str, what: &str) -> Result<(), Exit> {
+        if self.generation.is_some() {
+            return Err(Exit::config(anyhow::anyhow!(
+                "sink.type = \"{sink}\" in group mode: {what} numbers one query's batches, and \
+                 each generation numbers its own from 0; run one process, or write jsonl files"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the records a query-less run lands carry their headers.
+    fn include_headers(&self) -> bool {
+        self.settings
+            .sources
+            .first()
+            .is_some_and(|s| s.source.kafka.include_headers)
     }
 
     async fn run<St, P, K, D>(
@@ -542,6 +586,72 @@ impl Parts {
             at: failpoint::from_env().map_err(Exit::config)?,
         };
         run_query(self, store, processor, sink, dead, sink_description).await
+    }
+}
+
+/// `sluice vacuum`: prints each file removed (or to be removed), one a line,
+/// then a count.
+async fn vacuum(
+    table: Option<PathBuf>,
+    config: Option<PathBuf>,
+    retain_hours: Option<u64>,
+    check_retention: bool,
+    dry_run: bool,
+) -> Result<(), Exit> {
+    let path = match (table, config) {
+        (Some(table), _) => table,
+        (None, Some(config)) => {
+            let settings = config::load(&config).map_err(Exit::config)?;
+            match settings.sink {
+                SinkKind::Delta(sink) => sink.path,
+                _ => {
+                    return Err(Exit::config(anyhow::anyhow!(
+                        "{}: sink.type is not \"delta\"; vacuum removes a Delta table's files",
+                        config.display()
+                    )));
+                }
+            }
+        }
+        (None, None) => unreachable!("clap requires one"),
+    };
+    let retain = retain_hours.map(|h| std::time::Duration::from_secs(h * 3600));
+    let vacuumed = sluice_lake::vacuum(&path, retain, check_retention, dry_run)
+        .await
+        .map_err(lake_exit)?;
+    for file in &vacuumed.files {
+        println!("{file}");
+    }
+    let verb = if dry_run { "would remove" } else { "removed" };
+    eprintln!(
+        "sluice: {verb} {} file(s) from {}",
+        vacuumed.files.len(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// What a table sink lands: the query's rows, or without a query the
+/// records' columns as Spark's Kafka source has them.
+fn output_schema(
+    rows: &Option<sluice_sql::arrow::datatypes::SchemaRef>,
+    include_headers: bool,
+) -> sluice_sql::arrow::datatypes::Schema {
+    match rows {
+        Some(schema) => schema.as_ref().clone(),
+        None => sluice_sql::arrow::datatypes::Schema::new(
+            sluice_sql::columns::KafkaColumns::spark(include_headers).fields(),
+        ),
+    }
+}
+
+/// A table sink that cannot start: another writer's directory or a table
+/// the output does not fit are the configuration's fault.
+fn lake_exit(error: sluice_lake::LakeError) -> Exit {
+    match error {
+        sluice_lake::LakeError::Foreign { .. }
+        | sluice_lake::LakeError::Schema { .. }
+        | sluice_lake::LakeError::Options(_) => Exit::config(error.into()),
+        other => Exit::runtime(other.into()),
     }
 }
 

@@ -48,15 +48,22 @@ pub struct SinkSection {
     /// A `cassandra` sink's authentication and TLS.
     #[serde(flatten)]
     pub auth: CassandraAuth,
-    /// A `parquet` sink's partition columns, Hive-style directories in order.
+    /// A `parquet` or `delta` sink's partition columns, Hive-style
+    /// directories in order.
     #[serde(default)]
     pub partition_by: Vec<String>,
-    /// A `parquet` sink's codec: "zstd" (default), "snappy" or "none".
+    /// A `parquet` or `delta` sink's codec: "zstd" (default), "snappy" or
+    /// "none".
     pub compression: Option<String>,
-    /// The most rows of a `parquet` sink's row group (1,048,576 by default).
+    /// The most rows of a `parquet` or `delta` sink's row group (1,048,576 by
+    /// default).
     pub row_group_rows: Option<usize>,
-    /// The size in MiB at which a `parquet` sink begins its next file (128).
+    /// The size in MiB at which a `parquet` or `delta` sink begins its next
+    /// file (128).
     pub file_size_mb: Option<u64>,
+    /// Commits between checkpoints of a `delta` sink's log, for a table it
+    /// creates (Delta's `delta.checkpointInterval`, 10).
+    pub checkpoint_interval: Option<u64>,
 }
 
 /// The built-in sinks.
@@ -73,27 +80,45 @@ pub enum SinkKind {
     },
     Kafka(sluice_kafka::KafkaSinkConfig),
     Cassandra(sluice_cassandra_store::CassandraSinkConfig),
-    Parquet(ParquetSinkConfig),
+    Parquet(TableSinkConfig),
+    Delta(TableSinkConfig),
 }
 
-/// A `parquet` sink's options; the query's id completes them at start.
+/// A `parquet` or `delta` sink's options; the query's id completes them at
+/// start.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParquetSinkConfig {
+pub struct TableSinkConfig {
     pub path: PathBuf,
     pub partition_by: Vec<String>,
     pub compression: sluice_lake::Compression,
     pub row_group_rows: usize,
     pub file_bytes: u64,
+    /// A `delta` sink's; `None` for `parquet`.
+    pub checkpoint_interval: Option<u64>,
 }
 
-impl ParquetSinkConfig {
-    /// The sink's options for query `query_id`.
-    pub fn options(&self, query_id: &str) -> sluice_lake::ParquetOptions {
+impl TableSinkConfig {
+    /// A `parquet` sink's options for query `query_id`.
+    pub fn parquet(&self, query_id: &str) -> sluice_lake::ParquetOptions {
         let mut options = sluice_lake::ParquetOptions::new(&self.path, query_id);
         options.partition_by = self.partition_by.clone();
         options.compression = self.compression;
         options.row_group_rows = self.row_group_rows;
         options.file_bytes = self.file_bytes;
+        options
+    }
+
+    /// A `delta` sink's options for query `query_id`, named `name`.
+    pub fn delta(&self, query_id: &str, name: Option<&str>) -> sluice_lake::DeltaOptions {
+        let mut options = sluice_lake::DeltaOptions::new(&self.path, query_id);
+        options.partition_by = self.partition_by.clone();
+        options.compression = self.compression;
+        options.row_group_rows = self.row_group_rows;
+        options.file_bytes = self.file_bytes;
+        if let Some(interval) = self.checkpoint_interval {
+            options.checkpoint_interval = interval;
+        }
+        options.name = name.map(str::to_owned);
         options
     }
 }
@@ -121,11 +146,16 @@ fn check_sink_options(sink: &SinkSection) -> Result<()> {
         ("compression", sink.compression.is_some()),
         ("row_group_rows", sink.row_group_rows.is_some()),
         ("file_size_mb", sink.file_size_mb.is_some()),
+        ("checkpoint_interval", sink.checkpoint_interval.is_some()),
     ];
+    let table = matches!(sink.kind.as_str(), "parquet" | "delta");
     let owner = |key: &str| match key {
-        "path" if sink.kind == "parquet" => "parquet",
+        "path" | "partition_by" | "compression" | "row_group_rows" | "file_size_mb" if table => {
+            sink.kind.as_str()
+        }
         "path" => "jsonl",
         "partition_by" | "compression" | "row_group_rows" | "file_size_mb" => "parquet",
+        "checkpoint_interval" => "delta",
         "format" | "num_rows" | "truncate" => "console",
         "topic" | "bootstrap_servers" | "kafka" => "kafka",
         _ => "cassandra",
@@ -137,6 +167,7 @@ fn check_sink_options(sink: &SinkSection) -> Result<()> {
         "kafka",
         "cassandra",
         "parquet",
+        "delta",
     ];
     if !known.contains(&sink.kind.as_str()) {
         return Ok(());
@@ -182,19 +213,26 @@ pub(super) fn sink(
         }),
         "kafka" => kafka_sink(section, kafka, trigger),
         "cassandra" => cassandra(section, processing),
-        "parquet" => parquet(section, trigger),
+        "parquet" => table(section, trigger).map(SinkKind::Parquet),
+        "delta" => table(section, trigger).map(SinkKind::Delta),
         other => bail!(
-            "sink.type must be \"jsonl\", \"parquet\", \"cassandra\", \"kafka\", \"console\" or \"discard\", not {other:?}"
+            "sink.type must be \"jsonl\", \"parquet\", \"delta\", \"cassandra\", \"kafka\", \"console\" \
+             or \"discard\", not {other:?}"
         ),
     }
 }
 
-fn parquet(section: SinkSection, trigger: Trigger) -> Result<SinkKind> {
+/// A `parquet` or `delta` sink.
+fn table(section: SinkSection, trigger: Trigger) -> Result<TableSinkConfig> {
+    let kind = section.kind.as_str();
     if matches!(trigger, Trigger::Continuous(_)) {
         bail!(
-            "sink.type = \"parquet\" with trigger.continuous: a batch's files are listed when \
+            "sink.type = {kind:?} with trigger.continuous: a batch's files are committed when \
              it ends, so an epoch's rows would wait for its end; use processing_time"
         );
+    }
+    if section.checkpoint_interval == Some(0) {
+        bail!("sink.checkpoint_interval must be at least 1");
     }
     let compression = match section.compression.as_deref() {
         None | Some("zstd") => sluice_lake::Compression::Zstd,
@@ -214,15 +252,16 @@ fn parquet(section: SinkSection, trigger: Trigger) -> Result<SinkKind> {
     if let Some(twice) = section.partition_by.iter().find(|c| !seen.insert(*c)) {
         bail!("sink.partition_by names `{twice}` twice");
     }
-    Ok(SinkKind::Parquet(ParquetSinkConfig {
-        path: section
-            .path
-            .context("a parquet sink needs sink.path, the directory of the table")?,
+    Ok(TableSinkConfig {
+        path: section.path.with_context(|| {
+            format!("a {kind} sink needs sink.path, the directory of the table")
+        })?,
         partition_by: section.partition_by,
         compression,
         row_group_rows: section.row_group_rows.unwrap_or(1024 * 1024),
         file_bytes: section.file_size_mb.unwrap_or(128) * 1024 * 1024,
-    }))
+        checkpoint_interval: section.checkpoint_interval,
+    })
 }
 
 fn console(section: &SinkSection) -> Result<SinkKind> {
