@@ -2,7 +2,9 @@
 //! topic filtered by SQL into a partitioned Parquet table exactly once through
 //! SIGKILLs, read by pyarrow through Spark's file-sink log and by DuckDB over
 //! the directory; the records of a query without SQL as Spark's Kafka columns;
-//! and the directories and options a Parquet sink refuses.
+//! and the directories and options a Parquet sink refuses. The same stream
+//! into a Delta table, read by the `deltalake` package, its log holding one
+//! transaction per batch; tables it does not fit; and `sluice vacuum`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -68,6 +70,57 @@ names = rows.columns
 for row in rows.fetchall():
     print(json.dumps(dict(zip(names, row)), default=str))
 "#;
+
+/// Reads the Delta table at argv[1] with the `deltalake` package. Prints a
+/// JSON object per row, and last a line `{"txn": [[appId, version], ...]}`
+/// with every `txn` action of the table's JSON commits, in their order.
+const DELTALAKE_PACKAGE: &str = r#"
+import datetime, json, os, sys
+from deltalake import DeltaTable
+def plain(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    assert isinstance(value, datetime.datetime), value
+    return int(value.replace(tzinfo=value.tzinfo or datetime.timezone.utc).timestamp())
+table = DeltaTable(sys.argv[1])
+for row in table.to_pyarrow_table().to_pylist():
+    print(json.dumps(row, default=plain))
+log = os.path.join(sys.argv[1], "_delta_log")
+txn = []
+for name in sorted(n for n in os.listdir(log) if n.endswith(".json")):
+    for line in open(os.path.join(log, name)):
+        action = json.loads(line)
+        if "txn" in action:
+            txn.append([action["txn"]["appId"], action["txn"]["version"]])
+print(json.dumps({"txn": txn}))
+"#;
+
+/// The rows of the Delta table at `table` as the `deltalake` package reads
+/// them, and the `txn` actions of its log as (appId, version).
+pub(crate) fn delta_rows(table: &Path) -> (Vec<Value>, Vec<(String, u64)>) {
+    let mut rows = rows(&run_python(DELTALAKE_PACKAGE, &[table.to_str().unwrap()]));
+    let last = rows.pop().expect("the txn line");
+    let txn = last["txn"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t[0].as_str().unwrap().to_owned(), t[1].as_u64().unwrap()))
+        .collect();
+    (rows, txn)
+}
+
+/// Checks that a Delta table's log records each of the query's batches once,
+/// every one from 0 to `last`, and no other writer's.
+pub(crate) fn assert_one_txn_per_batch(txn: &[(String, u64)], last: u64) {
+    let apps: std::collections::BTreeSet<&str> = txn.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(apps.len(), 1, "one query's transactions: {apps:?}");
+    let versions: Vec<u64> = txn.iter().map(|(_, v)| *v).collect();
+    assert_eq!(
+        versions,
+        (0..=last).collect::<Vec<_>>(),
+        "one commit per batch, in order, the batch id as version"
+    );
+}
 
 fn rows(text: &str) -> Vec<Value> {
     text.lines()
@@ -151,6 +204,78 @@ async fn stateless_into_parquet_through_sigkills(cassandra: bool) {
     assert_eq!(
         by_duckdb, want,
         "DuckDB, over the directory, reads the oracle's rows"
+    );
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_json_topic_lands_in_delta_exactly_once_through_sigkills_with_the_filesystem_checkpoint()
+{
+    stateless_into_delta_through_sigkills(false).await;
+}
+
+#[tokio::test]
+async fn a_json_topic_lands_in_delta_exactly_once_through_sigkills_with_the_cassandra_store() {
+    stateless_into_delta_through_sigkills(true).await;
+}
+
+/// The stream of the Parquet test into a Delta table partitioned by a
+/// column, through a crash between the Delta commit and the store's commit
+/// and then 20 SIGKILLs while a producer writes, read back by the `deltalake`
+/// package.
+async fn stateless_into_delta_through_sigkills(cassandra: bool) {
+    let topic = sluice_tests::unique_name("deltacrash");
+    create_topic(&topic, 3).await;
+    let job = Job::with_store(cassandra);
+    let table = job.path("table");
+    let rest = format!(
+        "[sink]\ntype = \"delta\"\npath = \"{}\"\npartition_by = [\"size\"]\n\n\
+         [query]\nsql = \"{SQL}\"\n",
+        table.display()
+    );
+    let source = format!("table = \"orders\"\nformat = \"json\"\nschema = \"{SCHEMA}\"");
+    let streaming = job.config(&topic, &source, "processing_time = \"0s\"", &rest);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer_task = keep_producing(topic.clone(), 3, stop.clone());
+    // A crash after batch 2's Delta commit and before the store's commit: the
+    // next run finds the batch's version in the table's transaction and
+    // writes the store's commit only.
+    sluice_tests::process::crash_after_sink_commit_and_resume(&streaming, 2).await;
+    let mut random = Lcg::from_clock("delta crash test");
+    let progress = job.path("progress.jsonl");
+    let before = sluice_tests::process::committed_batches(&progress);
+    sluice_tests::process::kill_at_random_moments(&streaming, 20, (300, 900), &mut random).await;
+    sluice_tests::process::assert_committed_since(&progress, before, "20 killed runs");
+    stop.store(true, Ordering::Relaxed);
+    let produced = producer_task.await.unwrap();
+
+    let catch_up = job.config(&topic, &source, "available_now = true", &rest);
+    let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let want = sorted(oracle(&produced).await);
+    let (got, txn) = delta_rows(&table);
+    let got = sorted(got);
+    let last = job.progress().last().unwrap()["batchId"].as_u64().unwrap();
+    println!(
+        "{} orders produced, {} rows read by deltalake, {} commits for batches 0..={last}",
+        produced.len(),
+        got.len(),
+        txn.len()
+    );
+    assert!(!want.is_empty());
+    assert_eq!(got.len(), want.len(), "no row lost or duplicated");
+    assert_eq!(got, want, "the deltalake package reads the oracle's rows");
+    assert_one_txn_per_batch(&txn, last);
+    assert!(
+        std::fs::read_dir(table.join("_delta_log"))
+            .unwrap()
+            .any(|e| e
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains(".checkpoint.")),
+        "the log is checkpointed every 10 commits"
     );
     delete_topic(&topic).await;
 }
@@ -270,5 +395,154 @@ async fn a_parquet_sink_refuses_another_querys_table_and_bad_options_with_exit_2
             stderr(&output)
         );
     }
+    delete_topic(&topic).await;
+}
+
+#[tokio::test]
+async fn a_delta_sink_refuses_a_table_the_output_does_not_fit_and_vacuum_removes_what_no_version_lists()
+ {
+    let topic = sluice_tests::unique_name("deltabad");
+    create_topic(&topic, 1).await;
+    produce_values(&producer(), &topic, &[(0, Some(b"v".to_vec()))]).await;
+    let first = Job::new();
+    let table = first.path("table");
+    let sink = |extra: &str| {
+        format!(
+            "[sink]\ntype = \"delta\"\npath = \"{}\"\n{extra}\n",
+            table.display()
+        )
+    };
+    // The records of a query without SQL: Spark's Kafka columns.
+    let config = first.config(&topic, "", "available_now = true", &sink(""));
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let (got, txn) = delta_rows(&table);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["value"], Value::from("v"));
+    assert_eq!(txn.len(), 1);
+    let commits = || {
+        std::fs::read_dir(table.join("_delta_log"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "json")
+            })
+            .count()
+    };
+    let before = commits();
+
+    // A query whose output is other columns, into the same table.
+    let second = Job::new();
+    let rest = format!(
+        "{}\n[query]\nsql = \"SELECT CAST(partition AS STRING) AS partition, value FROM events\"\n",
+        sink("")
+    );
+    let config = second.config(&topic, "table = \"events\"", "available_now = true", &rest);
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let said = stderr(&output);
+    assert!(said.contains("does not take the query's rows"), "{said}");
+    assert!(
+        said.contains("`partition` is Int32 in the table and Utf8 in the query"),
+        "{said}"
+    );
+    assert!(
+        said.contains("`topic` is a column of the table the query does not have"),
+        "{said}"
+    );
+    // Other partition columns than the table's.
+    let config = second.config(
+        &topic,
+        "",
+        "available_now = true",
+        &sink("partition_by = [\"topic\"]"),
+    );
+    let output = run(&["run", "--config", config.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("partitioned by [] and the sink by [topic]"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(commits(), before, "nothing written");
+    for (extra, expected) in [
+        (
+            "checkpoint_interval = 0",
+            "sink.checkpoint_interval must be at least 1",
+        ),
+        (
+            "num_rows = 3",
+            "sink.num_rows is an option of the console sink",
+        ),
+    ] {
+        let config = second.config(&topic, "", "available_now = true", &sink(extra));
+        let output = run(&["run", "--config", config.to_str().unwrap()]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{extra}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(expected),
+            "{extra}: {}",
+            stderr(&output)
+        );
+    }
+
+    // A file of a batch cut short before its commit: in no version.
+    let data = std::fs::read_dir(&table)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .unwrap();
+    let orphan = table.join("part-00000-cut-short.c000.zstd.parquet");
+    std::fs::copy(&data, &orphan).unwrap();
+    let path = table.to_str().unwrap();
+    let output = run(&["vacuum", "--table", path]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(orphan.exists(), "younger than the week Delta keeps files");
+    let output = run(&["vacuum", "--table", path, "--retain-hours", "0"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("--no-retention-check"),
+        "{}",
+        stderr(&output)
+    );
+    let config = first.config(&topic, "", "available_now = true", &sink(""));
+    let output = run(&[
+        "vacuum",
+        "--config",
+        config.to_str().unwrap(),
+        "--retain-hours",
+        "0",
+        "--no-retention-check",
+        "--dry-run",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("cut-short"));
+    assert!(orphan.exists(), "a dry run removes nothing");
+    let output = run(&[
+        "vacuum",
+        "--table",
+        path,
+        "--retain-hours",
+        "0",
+        "--no-retention-check",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(!orphan.exists());
+    assert!(data.exists(), "the committed file stays");
+    assert_eq!(delta_rows(&table).0.len(), 1);
+    let output = run(&["vacuum", "--table", first.path("nothing").to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("is not a Delta table"),
+        "{}",
+        stderr(&output)
+    );
     delete_topic(&topic).await;
 }

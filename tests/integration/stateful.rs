@@ -55,9 +55,19 @@ pub(crate) struct StatefulJob {
     topic: String,
     /// A `cassandra://` location, or the checkpoint folder when `None`.
     cassandra: Option<String>,
-    /// Whether the output is a Parquet table (`table/`) instead of jsonl
-    /// files (`out/`).
-    parquet: bool,
+    /// Where the output goes.
+    output: Output,
+}
+
+/// Where a stateful job's rows go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// jsonl files under `out/`.
+    Jsonl,
+    /// A Parquet table under `table/`.
+    Parquet,
+    /// A Delta table under `table/`.
+    Delta,
 }
 
 impl StatefulJob {
@@ -66,23 +76,24 @@ impl StatefulJob {
             dir: tempfile::tempdir().unwrap(),
             topic: topic.to_owned(),
             cassandra: cassandra.then(|| sluice_tests::cassandra_location("sluice_state_tests")),
-            parquet: false,
+            output: Output::Jsonl,
         }
     }
 
-    /// The same job writing a Parquet table.
-    pub(crate) fn into_parquet(mut self) -> StatefulJob {
-        self.parquet = true;
+    /// The same job writing to `output`.
+    pub(crate) fn into(mut self, output: Output) -> StatefulJob {
+        self.output = output;
         self
     }
 
-    /// The rows the job wrote: its jsonl files' lines, or its Parquet table's
-    /// rows as pyarrow reads them through Spark's file-sink log.
+    /// The rows the job wrote: its jsonl files' lines, its Parquet table's
+    /// rows as pyarrow reads them through Spark's file-sink log, or its Delta
+    /// table's as the `deltalake` package reads them.
     pub(crate) fn output(&self) -> Vec<Value> {
-        if self.parquet {
-            crate::lake::parquet_rows(&self.path("table"))
-        } else {
-            lines(&self.path("out"))
+        match self.output {
+            Output::Jsonl => lines(&self.path("out")),
+            Output::Parquet => crate::lake::parquet_rows(&self.path("table")),
+            Output::Delta => crate::lake::delta_rows(&self.path("table")).0,
         }
     }
 
@@ -143,16 +154,19 @@ file = "{progress}"
             topic = self.topic,
             checkpoint = self.checkpoint(),
             progress = self.path("progress.jsonl").display(),
-            sink = if self.parquet {
-                format!(
-                    "type = \"parquet\"\npath = \"{}\"",
-                    self.path("table").display()
-                )
-            } else {
-                format!(
+            sink = match self.output {
+                Output::Jsonl => format!(
                     "type = \"jsonl\"\npath = \"{}\"",
                     self.path("out").display()
-                )
+                ),
+                Output::Parquet => format!(
+                    "type = \"parquet\"\npath = \"{}\"",
+                    self.path("table").display()
+                ),
+                Output::Delta => format!(
+                    "type = \"delta\"\npath = \"{}\"",
+                    self.path("table").display()
+                ),
             },
         );
         let path = self.path(name);
@@ -455,13 +469,10 @@ fn windows(out: &[Value]) -> BTreeMap<(i64, String), (i64, i64)> {
     rows
 }
 
-async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32, parquet: bool) {
+async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32, sink: Output) {
     let topic = sluice_tests::unique_name("stateful");
     create_topic(&topic, 3).await;
-    let mut job = StatefulJob::new(&topic, cassandra);
-    if parquet {
-        job = job.into_parquet();
-    }
+    let job = StatefulJob::new(&topic, cassandra).into(sink);
     let source = format!("event_time = \"ts\"\nwatermark_delay = \"{DELAY_MS}ms\"");
     let query = format!(
         "sql = \"{WINDOWED}\"\noutput_mode = \"append\"\nstate_partitions = {state_partitions}"
@@ -535,31 +546,48 @@ async fn exactly_once_through_sigkills(cassandra: bool, state_partitions: u32, p
         state_partitions,
         "the state is split as configured"
     );
+    if sink == Output::Delta {
+        let (_, txn) = crate::lake::delta_rows(&job.path("table"));
+        let last = progress.last().unwrap()["batchId"].as_u64().unwrap();
+        crate::lake::assert_one_txn_per_batch(&txn, last);
+    }
     delete_topic(&topic).await;
 }
 
 #[tokio::test]
 async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_filesystem_checkpoint()
 {
-    exactly_once_through_sigkills(false, 1, false).await;
+    exactly_once_through_sigkills(false, 1, Output::Jsonl).await;
 }
 
 #[tokio::test]
 async fn windowed_counts_and_sums_are_exactly_once_through_sigkills_with_the_cassandra_store() {
     // Four state partitions, so four Cassandra partitions of the state table.
-    exactly_once_through_sigkills(true, 4, false).await;
+    exactly_once_through_sigkills(true, 4, Output::Jsonl).await;
 }
 
 #[tokio::test]
 async fn windowed_counts_and_sums_land_in_parquet_exactly_once_through_sigkills_with_the_filesystem_checkpoint()
  {
-    exactly_once_through_sigkills(false, 1, true).await;
+    exactly_once_through_sigkills(false, 1, Output::Parquet).await;
 }
 
 #[tokio::test]
 async fn windowed_counts_and_sums_land_in_parquet_exactly_once_through_sigkills_with_the_cassandra_store()
  {
-    exactly_once_through_sigkills(true, 2, true).await;
+    exactly_once_through_sigkills(true, 2, Output::Parquet).await;
+}
+
+#[tokio::test]
+async fn windowed_counts_and_sums_land_in_delta_exactly_once_through_sigkills_with_the_filesystem_checkpoint()
+ {
+    exactly_once_through_sigkills(false, 1, Output::Delta).await;
+}
+
+#[tokio::test]
+async fn windowed_counts_and_sums_land_in_delta_exactly_once_through_sigkills_with_the_cassandra_store()
+ {
+    exactly_once_through_sigkills(true, 2, Output::Delta).await;
 }
 
 /// Order `n`'s key for the deduplication: its customer and amount, which

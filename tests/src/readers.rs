@@ -1,4 +1,5 @@
-//! The readers our users have for the tables Sluice writes: pyarrow and DuckDB,
+//! The readers our users have for the tables Sluice writes: pyarrow, DuckDB
+//! and the `deltalake` package,
 //! installed once per checkout into a virtual environment under `target/`, at
 //! pinned versions, by the first test that needs them.
 
@@ -7,7 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The Python packages, pinned, that read tables in tests.
-const PACKAGES: &[&str] = &["pyarrow==20.0.0", "duckdb==1.3.2"];
+const PACKAGES: &[&str] = &["pyarrow==20.0.0", "duckdb==1.3.2", "deltalake==1.6.6"];
 
 /// The environment's `python`, with the pinned readers installed.
 pub fn python() -> &'static Path {
