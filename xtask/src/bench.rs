@@ -85,6 +85,8 @@ enum Output {
     Jsonl,
     /// A Parquet table under Spark's file-sink log.
     Parquet,
+    /// A Delta Lake table, a commit per batch.
+    Delta,
 }
 
 /// The values' columns: `bench_tool fill` writes every value as such a JSON
@@ -194,6 +196,13 @@ fn configurations() -> Vec<Configuration> {
         (
             "sql, json + filter + projection, parquet",
             Output::Parquet,
+            "json",
+            ORDER_QUERY,
+            None,
+        ),
+        (
+            "sql, json + filter + projection, delta",
+            Output::Delta,
             "json",
             ORDER_QUERY,
             None,
@@ -550,6 +559,8 @@ fn run_once(
             "type = \"parquet\"\npath = \"{}\"",
             dir.join("out").display()
         )
+    } else if configuration.sink == Output::Delta {
+        format!("type = \"delta\"\npath = \"{}\"", dir.join("out").display())
     } else {
         "type = \"discard\"".to_owned()
     };

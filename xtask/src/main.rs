@@ -7,9 +7,10 @@
 //!   denied) before the tests and `spark-compat` after them.
 //! - `spark-compat`: fetch Spark's jars and run the tests in which Spark's own
 //!   checkpoint classes read and write checkpoints beside Sluice.
-//! - `demo [--seconds N] [--members N]`: the main job end to end: `up`, a
-//!   producer of sample orders, and `sluice run` on `examples/demo.toml`, or
-//!   N processes of `examples/demo-scale-out.toml` sharing one query.
+//! - `demo [--seconds N] [--members N] [--sink delta]`: the main job end to
+//!   end: `up`, a producer of sample orders, and `sluice run` on
+//!   `examples/demo.toml` (its windows into a Delta table with `--sink delta`),
+//!   or N processes of `examples/demo-scale-out.toml` sharing one query.
 
 mod bench;
 mod bench_group;
@@ -47,7 +48,7 @@ Tasks:
   test [ARGS]   up --secure, cargo test --workspace [ARGS], then stop what up started
   ci            up, cargo fmt --check, cargo clippy -D warnings, cargo doc, cargo test, spark-compat,
                 then stop what up started
-  demo [--seconds N] [--members N]
+  demo [--seconds N] [--members N] [--sink delta]
                 up, keep producing sample orders to demo-orders, and run sluice on
                 examples/demo.toml (until Ctrl-C, or for N seconds); with --members,
                 N processes share examples/demo-scale-out.toml in group mode, and
@@ -163,10 +164,18 @@ fn with_dev_env(
 /// The README's main job: the dev environment, a stream of sample orders, and
 /// `sluice run` on `examples/demo.toml` with its progress in the terminal.
 fn demo(root: &Path, args: &[String]) -> Result<()> {
-    const USAGE: &str = "usage: cargo xtask demo [--seconds N] [--members N]";
-    let (mut seconds, mut members) = (None, 1);
+    const USAGE: &str = "usage: cargo xtask demo [--seconds N] [--members N] [--sink delta]";
+    let (mut seconds, mut members, mut delta) = (None, 1, false);
     for pair in args.chunks(2) {
         let [flag, n] = pair else { bail!(USAGE) };
+        if flag == "--sink" {
+            match n.as_str() {
+                "delta" => delta = true,
+                "console" => delta = false,
+                other => bail!("--sink {other:?}: give delta (or console, the default)"),
+            }
+            continue;
+        }
         let n = n
             .parse::<u64>()
             .with_context(|| format!("{flag} {n:?} is not a number"))?;
@@ -176,6 +185,11 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
             "--members" => bail!("--members {n}: give 1 to 8 processes"),
             _ => bail!(USAGE),
         }
+    }
+    if delta && members > 1 {
+        bail!(
+            "--sink delta runs one process: a Delta table's transaction numbers one query's batches"
+        );
     }
     devenv::up(root, devenv::PLAIN)?;
     cargo(
@@ -212,9 +226,14 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
         let _ = producer.wait();
         return ran;
     }
-    println!("$ sluice run --config examples/demo.toml");
+    let config = if delta {
+        demo_delta_config(root)?
+    } else {
+        "examples/demo.toml".to_owned()
+    };
+    println!("$ sluice run --config {config}");
     let mut sluice = Command::new(debug.join("sluice"))
-        .args(["run", "--config", "examples/demo.toml"])
+        .args(["run", "--config", &config])
         .current_dir(root)
         .spawn()
         .context("starting sluice")?;
@@ -233,10 +252,43 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
         "progress: target/demo/progress.jsonl, bad records: target/demo/dead-letters/, the status \
          page and metrics were on http://127.0.0.1:9464/; `cargo xtask down` stops Kafka and Cassandra"
     );
+    if delta {
+        println!(
+            "the windows are in the Delta table target/demo/delta, one commit per batch; look at it \
+             with Python (pip install deltalake pandas):\n  python3 -c \"from deltalake import \
+             DeltaTable; t = DeltaTable('target/demo/delta'); print(t.to_pandas()); \
+             print(t.history(3))\"\nor with DuckDB:\n  duckdb -c \"SELECT * FROM \
+             delta_scan('target/demo/delta') ORDER BY window_start, customer\""
+        );
+    }
     if !status.success() {
         bail!("sluice run failed ({status})");
     }
     Ok(())
+}
+
+/// `examples/demo.toml` with its windows going to the Delta table
+/// `target/demo/delta` instead of the console, under a checkpoint of its own;
+/// written to `target/demo/demo-delta.toml`, whose path it returns.
+fn demo_delta_config(root: &Path) -> Result<String> {
+    let demo = std::fs::read_to_string(root.join("examples/demo.toml"))
+        .context("reading examples/demo.toml")?;
+    let console = "[sink]\ntype = \"console\"\nnum_rows = 8\n";
+    let checkpoint = "location = \"target/demo/checkpoint\"\n";
+    if !demo.contains(console) || !demo.contains(checkpoint) {
+        bail!(
+            "examples/demo.toml no longer has the console sink and checkpoint the delta demo replaces"
+        );
+    }
+    let text = demo
+        .replace(
+            console,
+            "[sink]\ntype = \"delta\"\npath = \"target/demo/delta\"\n",
+        )
+        .replace(checkpoint, "location = \"target/demo/checkpoint-delta\"\n");
+    let path = "target/demo/demo-delta.toml";
+    std::fs::write(root.join(path), text).with_context(|| format!("writing {path}"))?;
+    Ok(path.to_owned())
 }
 
 /// The scale-out demo: `members` processes of `examples/demo-scale-out.toml`
