@@ -913,4 +913,26 @@ mod tests {
         let e = vacuum(dir.path(), None, true, false).await.unwrap_err();
         assert!(e.to_string().contains("is not a Delta table"), "{e}");
     }
+
+    #[tokio::test]
+    async fn a_commit_another_writer_got_in_before_is_transient_and_succeeds_when_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("table");
+        let mut ours = DeltaSink::open(DeltaOptions::new(&path, "q-1"), &schema())
+            .await
+            .unwrap();
+        batch(&mut ours, 0, &[rows(0, 2)]).await;
+        let mut theirs = DeltaSink::open(DeltaOptions::new(&path, "q-2"), &schema())
+            .await
+            .unwrap();
+        ours.begin_batch(BatchId(1), &[]).await.unwrap();
+        ours.write(&rows(2, 2)).await.unwrap();
+        batch(&mut theirs, 0, &[rows(100, 1)]).await;
+        let e = ours.finish_batch(BatchId(1)).await.unwrap_err();
+        assert!(DeltaSink::is_transient(&e), "{e}");
+        // The executor's retry: the batch begun and written again.
+        batch(&mut ours, 1, &[rows(2, 2)]).await;
+        assert_eq!(ids(&path).await, vec![0, 1, 2, 3, 100]);
+        assert!(ours.delivered(BatchId(1), &[]).await.unwrap());
+    }
 }
