@@ -148,30 +148,31 @@ async fn a_json_topic_lands_in_parquet_exactly_once_through_sigkills_with_the_ca
     stateless_into_parquet_through_sigkills(true).await;
 }
 
-/// A JSON topic filtered by SQL into a table partitioned by a column, through
-/// a crash between the sink's end of a batch and its commit and then 20
-/// SIGKILLs while a producer writes, read back by pyarrow through the log and
-/// by DuckDB over the directory.
-async fn stateless_into_parquet_through_sigkills(cassandra: bool) {
-    let topic = sluice_tests::unique_name("parquetcrash");
+/// A JSON topic filtered by SQL into the table `sink` configures (`type`,
+/// `path` under the job's `table`, `partition_by = ["size"]`), through a crash
+/// between the sink's end of batch 2 and the store's commit (the next run
+/// finds the batch delivered and writes the store's commit only), then 20
+/// SIGKILLs while a producer writes, then a run that catches up. Returns the
+/// job, its topic and the orders produced.
+async fn land_through_sigkills(
+    name: &str,
+    sink: &str,
+    cassandra: bool,
+) -> (Job, String, Vec<(i32, String)>) {
+    let topic = sluice_tests::unique_name(name);
     create_topic(&topic, 3).await;
     let job = Job::with_store(cassandra);
-    let table = job.path("table");
     let rest = format!(
-        "[sink]\ntype = \"parquet\"\npath = \"{}\"\npartition_by = [\"size\"]\n\
-         compression = \"snappy\"\n\n[query]\nsql = \"{SQL}\"\n",
-        table.display()
+        "[sink]\n{sink}\npath = \"{}\"\npartition_by = [\"size\"]\n\n[query]\nsql = \"{SQL}\"\n",
+        job.path("table").display()
     );
     let source = format!("table = \"orders\"\nformat = \"json\"\nschema = \"{SCHEMA}\"");
     let streaming = job.config(&topic, &source, "processing_time = \"0s\"", &rest);
 
     let stop = Arc::new(AtomicBool::new(false));
     let producer_task = keep_producing(topic.clone(), 3, stop.clone());
-    // A crash between the sink's end of batch 2 (its files listed in the log)
-    // and the store's commit: the next run finds the batch in the log and
-    // writes its commit only.
     sluice_tests::process::crash_after_sink_commit_and_resume(&streaming, 2).await;
-    let mut random = Lcg::from_clock("parquet crash test");
+    let mut random = Lcg::from_clock(name);
     let progress = job.path("progress.jsonl");
     let before = sluice_tests::process::committed_batches(&progress);
     sluice_tests::process::kill_at_random_moments(&streaming, 20, (300, 900), &mut random).await;
@@ -182,6 +183,19 @@ async fn stateless_into_parquet_through_sigkills(cassandra: bool) {
     let catch_up = job.config(&topic, &source, "available_now = true", &rest);
     let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
     assert!(output.status.success(), "{}", stderr(&output));
+    (job, topic, produced)
+}
+
+/// The stream into a Parquet table, snappy, read back by pyarrow through
+/// Spark's file-sink log and by DuckDB over the directory.
+async fn stateless_into_parquet_through_sigkills(cassandra: bool) {
+    let (job, topic, produced) = land_through_sigkills(
+        "parquetcrash",
+        "type = \"parquet\"\ncompression = \"snappy\"",
+        cassandra,
+    )
+    .await;
+    let table = job.path("table");
     let want = sorted(oracle(&produced).await);
     let through_log = sorted(parquet_rows(&table));
     let table = table.to_str().unwrap();
@@ -219,40 +233,12 @@ async fn a_json_topic_lands_in_delta_exactly_once_through_sigkills_with_the_cass
     stateless_into_delta_through_sigkills(true).await;
 }
 
-/// The stream of the Parquet test into a Delta table partitioned by a
-/// column, through a crash between the Delta commit and the store's commit
-/// and then 20 SIGKILLs while a producer writes, read back by the `deltalake`
-/// package.
+/// The stream into a Delta table, read back by the `deltalake` package, its
+/// log holding one `txn` per batch and a checkpoint.
 async fn stateless_into_delta_through_sigkills(cassandra: bool) {
-    let topic = sluice_tests::unique_name("deltacrash");
-    create_topic(&topic, 3).await;
-    let job = Job::with_store(cassandra);
+    let (job, topic, produced) =
+        land_through_sigkills("deltacrash", "type = \"delta\"", cassandra).await;
     let table = job.path("table");
-    let rest = format!(
-        "[sink]\ntype = \"delta\"\npath = \"{}\"\npartition_by = [\"size\"]\n\n\
-         [query]\nsql = \"{SQL}\"\n",
-        table.display()
-    );
-    let source = format!("table = \"orders\"\nformat = \"json\"\nschema = \"{SCHEMA}\"");
-    let streaming = job.config(&topic, &source, "processing_time = \"0s\"", &rest);
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let producer_task = keep_producing(topic.clone(), 3, stop.clone());
-    // A crash after batch 2's Delta commit and before the store's commit: the
-    // next run finds the batch's version in the table's transaction and
-    // writes the store's commit only.
-    sluice_tests::process::crash_after_sink_commit_and_resume(&streaming, 2).await;
-    let mut random = Lcg::from_clock("delta crash test");
-    let progress = job.path("progress.jsonl");
-    let before = sluice_tests::process::committed_batches(&progress);
-    sluice_tests::process::kill_at_random_moments(&streaming, 20, (300, 900), &mut random).await;
-    sluice_tests::process::assert_committed_since(&progress, before, "20 killed runs");
-    stop.store(true, Ordering::Relaxed);
-    let produced = producer_task.await.unwrap();
-
-    let catch_up = job.config(&topic, &source, "available_now = true", &rest);
-    let output = run(&["run", "--config", catch_up.to_str().unwrap()]);
-    assert!(output.status.success(), "{}", stderr(&output));
     let want = sorted(oracle(&produced).await);
     let (got, txn) = delta_rows(&table);
     let got = sorted(got);
